@@ -1,0 +1,71 @@
+"""Non-streaming load with wrk, and the parsing of its results."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent / "chat.lua"
+MARKER = "BENCH_JSON "
+
+
+@dataclass
+class WrkResult:
+    requests: int
+    seconds: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    errors: int
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def wrk_path() -> str:
+    found = shutil.which("wrk")
+    if not found:
+        raise SystemExit("wrk is not installed: apt-get install -y wrk (as root, Debian)")
+    return found
+
+
+def parse(stdout: str) -> WrkResult:
+    """Read the JSON summary line that ``chat.lua`` prints from wrk's ``done`` hook."""
+    for line in stdout.splitlines():
+        if line.startswith(MARKER):
+            data = json.loads(line[len(MARKER) :])
+            errors = sum(data[k] for k in data if k.startswith("err_"))
+            return WrkResult(
+                requests=int(data["requests"]),
+                seconds=data["duration_us"] / 1e6,
+                p50_ms=data["p50_us"] / 1e3,
+                p90_ms=data["p90_us"] / 1e3,
+                p99_ms=data["p99_us"] / 1e3,
+                errors=int(errors),
+            )
+    raise ValueError("no summary line in wrk output:\n" + stdout[-2000:])
+
+
+def run_wrk(url: str, connections: int, seconds: float) -> WrkResult:
+    """One bounded wrk run at ``connections`` keep-alive connections."""
+    threads = 1 if connections == 1 else 2
+    cmd = [
+        wrk_path(),
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "--timeout",
+        "10s",
+        "--latency",
+        "-s",
+        str(SCRIPT),
+        url,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    return parse(done.stdout)

@@ -1,0 +1,310 @@
+"""The systems under test: direct nginx, the bare floor, Ballast and LiteLLM's proxy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import nginx
+from procs import ProcessGroup, free_port, log_tail, wait_ready
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+LITELLM_VERSION = "1.108.7"
+LITELLM_VENV = BENCH / ".venvs" / "litellm"
+ALL_TARGETS = ("direct", "bare", "ballast", "ballast+keys", "ballast-2w", "litellm")
+
+
+@dataclass
+class Target:
+    """One system to load: where to send requests and which process tree to account."""
+
+    name: str
+    url: str = ""
+    stream_url: str = ""
+    pid: int = 0
+    unavailable: str = ""
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.unavailable
+
+
+@dataclass
+class Upstream:
+    port: int
+    pid: int
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def start_nginx(procs: ProcessGroup, workdir: Path) -> Upstream:
+    prefix = workdir / "nginx"
+    prefix.mkdir()
+    port = free_port()
+    log = workdir / "nginx.log"
+    proc = procs.start(nginx.nginx_command(prefix, port), log)
+    wait_ready(f"http://127.0.0.1:{port}/health", proc, 10, prefix / "error.log")
+    return Upstream(port, proc.pid)
+
+
+def direct(upstream: Upstream) -> Target:
+    return Target(
+        "direct",
+        url=upstream.base + nginx.NON_STREAM_PATH,
+        stream_url=upstream.base + nginx.STREAM_PATH,
+        pid=upstream.pid,
+        note="nginx fixed answer",
+    )
+
+
+def bare(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
+    port = free_port()
+    log = workdir / "bare.log"
+    cmd = [sys.executable, str(BENCH / "bare_passthrough.py"), str(port), upstream.base]
+    proc = procs.start(cmd, log)
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base + "/health", proc, 20, log)
+    return Target(
+        "bare",
+        url=base + nginx.NON_STREAM_PATH,
+        stream_url=base + nginx.STREAM_PATH,
+        pid=proc.pid,
+        note="uvicorn+httptools+uvloop, raw ASGI, aiohttp",
+    )
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``extra`` into ``base``: mappings merge, everything else replaces."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def ballast_config(port: int, upstream: Upstream, extra: dict[str, Any] | None) -> dict[str, Any]:
+    def deployment(dep_id: str, path: str, model: str) -> dict[str, str]:
+        return {
+            "id": dep_id,
+            "url": upstream.base + path,
+            "api_key": "sk-bench",
+            "model": model,
+            "provider": "openai",
+        }
+
+    config: dict[str, Any] = {
+        "server": {"host": "127.0.0.1", "port": port},
+        "models": [
+            {"name": "bench-model", "deployments": [deployment("nginx", "/v1", "bench-model")]},
+            {
+                "name": "bench-stream",
+                "deployments": [
+                    deployment("nginx-stream", nginx.STREAM_PREFIX + "/v1", "bench-stream")
+                ],
+            },
+        ],
+    }
+    return _merge(config, extra) if extra else config
+
+
+def _ballast_env() -> dict[str, str]:
+    return {"PYTHONPATH": str(REPO / "src")}
+
+
+def _serve_help() -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ballast", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **_ballast_env()},
+        check=False,
+    )
+
+
+def ballast_missing() -> str:
+    """Why ``ballast serve`` cannot run here, or ``""`` when it can."""
+    probe = _serve_help()
+    if probe.returncode == 0 and "--config" in probe.stdout:
+        return ""
+    lines = (probe.stderr or probe.stdout).strip().splitlines()
+    return "`ballast serve` not available: " + (lines[-1] if lines else f"rc {probe.returncode}")
+
+
+def ballast(
+    procs: ProcessGroup,
+    workdir: Path,
+    upstream: Upstream,
+    name: str = "ballast",
+    workers: int = 1,
+    extra: dict[str, Any] | None = None,
+) -> Target:
+    missing = ballast_missing()
+    if missing:
+        return Target(name, unavailable=missing)
+    port = free_port()
+    slug = name.replace("+", "-")
+    conf = workdir / f"{slug}.yaml"
+    conf.write_text(yaml.safe_dump(ballast_config(port, upstream, extra), sort_keys=False))
+    log = workdir / f"{slug}.log"
+    cmd = [sys.executable, "-m", "ballast", "serve", "--config", str(conf)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    if "--log-level" in _serve_help().stdout:
+        cmd += ["--log-level", "warning"]  # as quiet as the others: no per-request lines
+    proc = procs.start(cmd, log, env=_ballast_env())
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base + "/health", proc, 60, log)
+    except RuntimeError as exc:
+        procs.stop(proc)
+        return Target(name, unavailable=f"did not start: {_first_line(exc)}")
+    problem = _smoke(base + nginx.NON_STREAM_PATH)
+    if problem:
+        procs.stop(proc)
+        return Target(name, unavailable=f"smoke request failed: {problem}")
+    return Target(
+        name,
+        url=base + nginx.NON_STREAM_PATH,
+        stream_url=base + nginx.NON_STREAM_PATH,
+        pid=proc.pid,
+        note=f"{workers} worker(s), log level warning if supported"
+        + (", with --ballast-config-extra" if extra else ""),
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return " | ".join(text[:1] + text[-2:]) if text else type(exc).__name__
+
+
+def _smoke(url: str) -> str:
+    """One real request through a gateway: ``""`` when it answers a completion."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "hi"}]})
+    request = urllib.request.Request(
+        url,
+        data=body.encode(),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer sk-bench"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            data = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}: {exc.read()[:200]!r}"
+    except (OSError, ValueError) as exc:
+        return repr(exc)
+    return "" if data.get("choices") else f"unexpected body {str(data)[:200]}"
+
+
+# --- LiteLLM -------------------------------------------------------------------------
+
+
+def litellm_installed_version() -> str:
+    python = LITELLM_VENV / "bin" / "python"
+    if not (LITELLM_VENV / "bin" / "litellm").exists():
+        return ""
+    probe = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return probe.stdout.strip() if probe.returncode == 0 else ""
+
+
+def ensure_litellm(log: Path) -> str:
+    """Install ``litellm[proxy]`` (pinned) into its own virtualenv once; return the version."""
+    version = litellm_installed_version()
+    if version == LITELLM_VERSION:
+        return version
+    print(f"installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_VENV.relative_to(REPO)}")
+    python = LITELLM_VENV / "bin" / "python"
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", str(LITELLM_VENV)],
+        [str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
+        [str(python), "-m", "pip", "install", "--quiet", f"litellm[proxy]=={LITELLM_VERSION}"],
+    ]
+    with log.open("ab") as out:
+        for step in steps:
+            done = subprocess.run(step, stdout=out, stderr=subprocess.STDOUT, timeout=900)
+            if done.returncode != 0:
+                raise RuntimeError(f"`{' '.join(step[-3:])}` failed:\n{log_tail(log, 5)}")
+    return litellm_installed_version()
+
+
+def litellm_config(upstream: Upstream) -> dict[str, Any]:
+    def entry(name: str, path: str) -> dict[str, Any]:
+        return {
+            "model_name": name,
+            "litellm_params": {
+                "model": f"openai/{name}",
+                "api_base": upstream.base + path,
+                "api_key": "sk-bench",
+            },
+            # Priced, so cost tracking runs its normal path instead of failing per call.
+            "model_info": {"input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6},
+        }
+
+    return {
+        "model_list": [
+            entry("bench-model", "/v1"),
+            entry("bench-stream", nginx.STREAM_PREFIX + "/v1"),
+        ],
+        "litellm_settings": {"telemetry": False, "set_verbose": False},
+        # It refuses to start without a master key; the bench already sends this one.
+        "general_settings": {"master_key": "sk-bench"},
+    }
+
+
+def litellm(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
+    try:
+        version = ensure_litellm(workdir / "litellm-install.log")
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        return Target("litellm", unavailable=f"install failed: {_first_line(exc)}")
+    port = free_port()
+    conf = workdir / "litellm.yaml"
+    conf.write_text(yaml.safe_dump(litellm_config(upstream), sort_keys=False))
+    log = workdir / "litellm.log"
+    cmd = [str(LITELLM_VENV / "bin" / "litellm"), "--config", str(conf)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+    env = {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no network fetch at start-up
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+        "DISABLE_SCHEMA_UPDATE": "True",
+    }
+    proc = procs.start(cmd, log, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base + "/health/liveliness", proc, 180, log)
+    except RuntimeError as exc:
+        procs.stop(proc)
+        return Target("litellm", unavailable=f"did not start: {_first_line(exc)}")
+    problem = _smoke(base + nginx.NON_STREAM_PATH)
+    if problem:
+        procs.stop(proc)
+        return Target("litellm", unavailable=f"smoke request failed: {problem}")
+    return Target(
+        "litellm",
+        url=base + nginx.NON_STREAM_PATH,
+        stream_url=base + nginx.NON_STREAM_PATH,
+        pid=proc.pid,
+        note=f"LiteLLM proxy {version}, 1 worker, no DB, master key auth",
+    )

@@ -1,0 +1,102 @@
+"""The few ASGI moves every handler needs: read a bounded body, send a whole answer, and
+notice a client that went away."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from ballast.api.errors import ApiError
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+JSON = (b"content-type", b"application/json")
+EVENT_STREAM = (b"content-type", b"text/event-stream")
+NO_CACHE = (b"cache-control", b"no-cache")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request was read."""
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value  # type: ignore[no-any-return]
+    return None
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    declared = header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"Request body is larger than {limit} bytes.", code="body_too_large")
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body"):
+        if len(body) > limit:
+            raise ApiError(
+                413, f"Request body is larger than {limit} bytes.", code="body_too_large"
+            )
+        return body
+    parts = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(
+                413, f"Request body is larger than {limit} bytes.", code="body_too_large"
+            )
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def send_bytes(
+    send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+) -> None:
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, error: ApiError, extra: list[tuple[bytes, bytes]]) -> None:
+    await send_bytes(send, error.status, [JSON, *error.headers, *extra], error.body())
+
+
+class DisconnectWatch:
+    """Cancels the handler's task when the client disconnects, so an upstream request made
+    for nobody is dropped at once (no tokens generated for nobody)."""
+
+    __slots__ = ("_stopped", "_task", "_watcher", "fired")
+
+    def __init__(self, receive: Receive) -> None:
+        self.fired = False
+        self._stopped = False
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if self._stopped:
+                    return
+                self.fired = True
+                if self._task is not None:
+                    self._task.cancel()
+                return
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._watcher.cancel()

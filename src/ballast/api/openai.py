@@ -1,0 +1,146 @@
+"""The OpenAI-compatible surface. The hot path reads the body once, looks only at `model`,
+`stream` and `fallbacks`, and forwards the client's bytes unless something must change."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from typing import Any
+
+import orjson
+
+from ballast.api.asgi import (
+    EVENT_STREAM,
+    JSON,
+    NO_CACHE,
+    ClientGone,
+    DisconnectWatch,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    send_bytes,
+    send_error,
+)
+from ballast.api.errors import ApiError, bad_request, from_failure, model_not_found
+from ballast.routing.classify import Failure
+from ballast.routing.relay import Relay
+from ballast.routing.router import ProxyRequest, Router
+
+log = logging.getLogger("ballast.api")
+
+_ID_PREFIX = os.urandom(4).hex()
+_ids = itertools.count(1)
+
+
+def request_id(scope: Scope) -> bytes:
+    given = header(scope, b"x-request-id")
+    if given and len(given) <= 128:
+        return given
+    return f"{_ID_PREFIX}-{next(_ids)}".encode()
+
+
+def parse_request(path: str, body: bytes) -> ProxyRequest:
+    """The client's request as the router needs it; clear 400s for anything unusable."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise bad_request("We could not parse the JSON body of your request.") from None
+    if not isinstance(payload, dict):
+        raise bad_request("The request body must be a JSON object.")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("You must provide a model parameter.", "model")
+    stream = payload.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean.", "stream")
+    if stream and path == "/embeddings":
+        raise bad_request("Embeddings cannot be streamed.", "stream")
+    fallbacks: tuple[str, ...] = ()
+    if "fallbacks" in payload:
+        given = payload.pop("fallbacks")
+        if not isinstance(given, list) or not all(isinstance(m, str) for m in given):
+            raise bad_request("'fallbacks' must be a list of model names.", "fallbacks")
+        fallbacks = tuple(given)
+        body = orjson.dumps(payload)
+    return ProxyRequest(path, payload, body, model, stream, fallbacks=fallbacks)
+
+
+class OpenAIHandlers:
+    def __init__(self, router: Router, max_body_bytes: int) -> None:
+        self.router = router
+        self.max_body_bytes = max_body_bytes
+
+    async def proxy(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        rid = request_id(scope)
+        extra = [(b"x-request-id", rid)]
+        watch: DisconnectWatch | None = None
+        try:
+            body = await read_body(scope, receive, self.max_body_bytes)
+            request = parse_request(path, body)
+            request.request_id = rid.decode("latin-1")
+            group = self.router.resolve(request.model)
+            if group is None:
+                raise model_not_found(request.model)
+            watch = DisconnectWatch(receive)
+            if request.stream:
+                await self._stream(request, group, send, extra, watch)
+            else:
+                reply = await self.router.complete(request, group)
+                watch.stop()
+                headers = list(reply.headers)
+                if not any(k == b"content-type" for k, _ in headers):
+                    headers.append(JSON)
+                headers.extend(extra)
+                await send_bytes(send, reply.status, headers, reply.body)
+        except ApiError as error:
+            if watch is not None:
+                watch.stop()
+            await send_error(send, error, extra)
+        except Failure as failure:
+            if watch is not None:
+                watch.stop()
+            await send_error(send, from_failure(failure), extra)
+        except ClientGone:
+            return
+        except asyncio.CancelledError:
+            if watch is None or not watch.fired:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            log.info("client went away; upstream request %s dropped", rid.decode("latin-1"))
+
+    async def _stream(
+        self,
+        request: ProxyRequest,
+        group: Any,
+        send: Send,
+        extra: list[tuple[bytes, bytes]],
+        watch: DisconnectWatch,
+    ) -> None:
+        target, stream, held, attempted = await self.router.open(request, group)
+        relay = Relay(self.router, request, group, target, stream, held, attempted)
+        try:
+            headers = [EVENT_STREAM, NO_CACHE, (b"x-ballast-deployment", target.id.encode())]
+            headers.extend(extra)
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async for chunk in relay.events():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            watch.stop()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            relay.close()
+
+    async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "ballast"}
+            for name in self.router.public_models()
+        ]
+        body = orjson.dumps({"object": "list", "data": data})
+        await send_bytes(send, 200, [JSON], body)

@@ -1,0 +1,242 @@
+"""Settings: YAML with ${VAR} expansion, validated once at start-up (never on the hot path)."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+_ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; `errors` holds one `path: message` line per problem."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Timeouts(_Strict):
+    """Seconds. `first_token` and `inter_chunk` are the two stream clocks (seed 002)."""
+
+    connect: float = Field(5.0, gt=0)
+    pool: float = Field(2.0, gt=0, description="waiting for a free pooled connection")
+    first_token: float = Field(30.0, gt=0)
+    inter_chunk: float = Field(30.0, gt=0)
+    answer: float = Field(300.0, gt=0, description="one deployment's whole non-streamed answer")
+    request: float = Field(600.0, gt=0, description="a client request, all attempts included")
+
+
+class TimeoutOverrides(_Strict):
+    connect: float | None = Field(None, gt=0)
+    pool: float | None = Field(None, gt=0)
+    first_token: float | None = Field(None, gt=0)
+    inter_chunk: float | None = Field(None, gt=0)
+    answer: float | None = Field(None, gt=0)
+    request: float | None = Field(None, gt=0)
+
+    def apply(self, base: Timeouts) -> Timeouts:
+        overrides = {k: v for k, v in self.model_dump().items() if v is not None}
+        return base.model_copy(update=overrides) if overrides else base
+
+
+class Deployment(_Strict):
+    id: str = Field(min_length=1)
+    url: str
+    api_key: SecretStr | None = None
+    model: str | None = Field(None, description="upstream model name; unset forwards the client's")
+    provider: Literal["openai", "vllm", "sglang", "actor"] = "openai"
+    weight: float = Field(1.0, ge=0)
+    timeouts: TimeoutOverrides = TimeoutOverrides()
+    pool_size: int | None = Field(None, ge=1)
+    supports_prefill: bool = False
+    headers: dict[str, str] = {}
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s:]+(:\d+)?(/\S*)?$", value):
+            raise ValueError("not a URL")
+        return value.rstrip("/")
+
+
+class ModelGroup(_Strict):
+    name: str = Field(min_length=1)
+    deployments: list[Deployment] = Field(min_length=1)
+    fallbacks: list[str] = []
+    context_fallbacks: list[str] = []
+    strategy: Literal["health", "ordered", "weighted"] = "health"
+
+    @property
+    def is_wildcard(self) -> bool:
+        return any(ch in self.name for ch in "*?[")
+
+
+class ServerSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
+
+
+class UpstreamSettings(_Strict):
+    pool_size: int = Field(256, ge=1, description="connections per deployment (a bulkhead)")
+    keepalive_timeout: float = Field(60.0, gt=0)
+    warm_connections: int = Field(1, ge=0, description="connections opened per deployment at start")
+
+
+class BreakerSettings(_Strict):
+    failure_threshold: int = Field(5, ge=1)
+    failure_rate: float | None = Field(0.5, gt=0, le=1)
+    min_calls: int = Field(20, ge=1)
+    window: float = Field(30.0, gt=0)
+    open_time: float = Field(5.0, gt=0)
+    max_open_time: float = Field(300.0, gt=0)
+    probe_timeout: float = Field(10.0, gt=0)
+    half_open_probes: int = Field(1, ge=1)
+
+
+class RoutingSettings(_Strict):
+    """The attempt loop's bounds. Retries are capped per request and, across requests, by a
+    budget, so an outage cannot multiply upstream load (Envoy, Finagle)."""
+
+    max_attempts: int = Field(5, ge=1)
+    backoff_base: float = Field(0.05, ge=0)
+    backoff_cap: float = Field(1.0, ge=0)
+    retry_budget_ratio: float = Field(0.5, ge=0)
+    retry_budget_min_per_second: float = Field(10.0, ge=0)
+    rate_limit_cooldown: float = Field(5.0, gt=0, description="429 without Retry-After")
+    auth_cooldown: float = Field(300.0, gt=0, description="our upstream key was refused")
+    max_retry_after_wait: float = Field(5.0, ge=0)
+    health_window: float = Field(60.0, gt=0)
+    continuation: bool = True
+    hedge_after: float | None = Field(None, gt=0, description="seconds; off when unset")
+    breaker: BreakerSettings = BreakerSettings()
+
+
+class StateSettings(_Strict):
+    redis_url: str | None = None
+    database_url: str = "sqlite+aiosqlite:///ballast.db"
+
+
+class Settings(_Strict):
+    server: ServerSettings = ServerSettings()
+    timeouts: Timeouts = Timeouts()
+    upstream: UpstreamSettings = UpstreamSettings()
+    routing: RoutingSettings = RoutingSettings()
+    state: StateSettings = StateSettings()
+    models: list[ModelGroup] = Field(min_length=1)
+
+    @field_validator("models")
+    @classmethod
+    def _unique(cls, groups: list[ModelGroup]) -> list[ModelGroup]:
+        names = [g.name for g in groups]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate model names: {', '.join(dupes)}")
+        ids = [d.id for g in groups for d in g.deployments]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"duplicate deployment ids: {', '.join(dupes)}")
+        known = set(names)
+        for group in groups:
+            for other in [*group.fallbacks, *group.context_fallbacks]:
+                if other not in known and not any(fnmatch.fnmatchcase(other, n) for n in names):
+                    raise ValueError(f"model {group.name!r} falls back to unknown model {other!r}")
+        return groups
+
+    def timeouts_for(self, deployment: Deployment) -> Timeouts:
+        return deployment.timeouts.apply(self.timeouts)
+
+
+def expand_env(value: Any, environ: dict[str, str], path: str = "") -> Any:
+    """Expand ${VAR} and ${VAR:-default} in every string of a parsed YAML tree."""
+    if isinstance(value, dict):
+        return {k: expand_env(v, environ, _join(path, str(k))) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, environ, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str) and "${" in value:
+        missing: list[str] = []
+
+        def substitute(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in environ and environ[name] != "":
+                return environ[name]
+            if default is not None:
+                return default
+            missing.append(name)
+            return ""
+
+        expanded = _ENV_PATTERN.sub(substitute, value)
+        if missing:
+            raise ConfigError([f"{path}: environment variable {missing[0]} is not set"])
+        return expanded
+    return value
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else _join_dot(out, part)
+    return out or "(root)"
+
+
+def _join_dot(out: str, part: str) -> str:
+    return f".{part}" if out else part
+
+
+def parse_settings(data: Any, environ: dict[str, str] | None = None) -> Settings:
+    """Validate a parsed YAML tree; every problem is reported with its path."""
+    if not isinstance(data, dict):
+        raise ConfigError(["(root): expected a mapping with at least a 'models' list"])
+    expanded = expand_env(data, dict(os.environ) if environ is None else environ)
+    try:
+        return Settings.model_validate(expanded)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            message = str(err["msg"]).removeprefix("Value error, ")
+            lines.append(f"{_format_loc(tuple(err['loc']))}: {message}")
+        raise ConfigError(lines) from None
+
+
+def load_settings(path: str | Path, environ: dict[str, str] | None = None) -> Settings:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read ({exc.strerror})"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: not valid YAML ({exc})"]) from None
+    return parse_settings(data, environ)
+
+
+def masked(settings: Settings) -> dict[str, Any]:
+    """The resolved config as plain data, with every secret replaced by a mask."""
+    data: dict[str, Any] = settings.model_dump(mode="json")
+    for group in data["models"]:
+        for dep in group["deployments"]:
+            if dep.get("api_key"):
+                dep["api_key"] = "****"
+            for name in list(dep.get("headers", {})):
+                if name.lower() in {"authorization", "api-key", "x-api-key"}:
+                    dep["headers"][name] = "****"
+    for key in ("redis_url", "database_url"):
+        url = data["state"].get(key)
+        if url:
+            data["state"][key] = re.sub(r"://([^:/@]*):[^@]*@", r"://\1:****@", url)
+    return data

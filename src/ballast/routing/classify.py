@@ -1,0 +1,138 @@
+"""The one error taxonomy: every upstream outcome becomes a Failure with a kind, and each kind
+says once what the router does with it and what the client sees if nothing else answers."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import orjson
+
+
+class Action(enum.Enum):
+    RETRY = "retry"  # transient: the same deployment may be tried again after a backoff
+    FAILOVER = "failover"  # move on to another deployment; do not retry this one now
+    CONTEXT_FALLBACK = "context_fallback"  # only the group's context_fallbacks can answer
+    RETURN = "return"  # the answer belongs to the client as it is (no retry anywhere)
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    label: str  # low-cardinality metric and log label
+    action: Action
+    status: int  # what the client gets when this is the last word
+    error_type: str
+    code: str
+    health_failure: bool  # counts against the deployment's health and breaker
+
+
+CONNECT = Kind("connect_error", Action.RETRY, 502, "api_error", "upstream_unreachable", True)
+POOL_TIMEOUT = Kind("pool_timeout", Action.FAILOVER, 503, "api_error", "upstream_busy", False)
+RESET = Kind("reset", Action.RETRY, 502, "api_error", "upstream_reset", True)
+SERVER_ERROR = Kind("server_error", Action.RETRY, 502, "api_error", "upstream_error", True)
+FIRST_TOKEN_TIMEOUT = Kind(
+    "first_token_timeout", Action.FAILOVER, 504, "timeout", "upstream_timeout", True
+)
+REQUEST_TIMEOUT = Kind("request_timeout", Action.FAILOVER, 504, "timeout", "upstream_timeout", True)
+INTER_CHUNK_TIMEOUT = Kind(
+    "inter_chunk_timeout", Action.FAILOVER, 504, "timeout", "upstream_stalled", True
+)
+STREAM_CUT = Kind("stream_cut", Action.FAILOVER, 502, "api_error", "upstream_stream_cut", True)
+BAD_RESPONSE = Kind("bad_response", Action.RETRY, 502, "api_error", "upstream_bad_response", True)
+RATE_LIMITED = Kind("rate_limited", Action.FAILOVER, 429, "rate_limit_error", "rate_limited", False)
+UPSTREAM_AUTH = Kind(
+    "upstream_auth", Action.FAILOVER, 502, "api_error", "upstream_auth_failed", True
+)
+CONTEXT_LENGTH = Kind(
+    "context_length",
+    Action.CONTEXT_FALLBACK,
+    400,
+    "invalid_request_error",
+    "context_length_exceeded",
+    False,
+)
+CONTENT_FILTER = Kind(
+    "content_filter", Action.RETURN, 400, "invalid_request_error", "content_filter", False
+)
+CLIENT_ERROR = Kind(
+    "client_error", Action.RETURN, 400, "invalid_request_error", "bad_request", False
+)
+
+_CONTENT_FILTER_CODES = {"content_filter", "content_policy_violation", "content_filtered"}
+
+
+@dataclass(slots=True)
+class Failure(Exception):
+    """One failed attempt. `status`/`body` hold the upstream's own answer when there was one,
+    so a pass-through error reaches the client unchanged."""
+
+    kind: Kind
+    message: str
+    status: int | None = None
+    body: bytes | None = None
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    retry_after: float | None = None
+    deployment: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind.label}: {self.message}"
+
+
+def error_code(body: bytes | None) -> str | None:
+    """The OpenAI-style `error.code` of an upstream body, if it has one."""
+    if not body:
+        return None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    if isinstance(error, dict):
+        code = error.get("code") or error.get("type")
+        return code if isinstance(code, str) else None
+    return None
+
+
+def classify_status(status: int, body: bytes | None) -> Kind:
+    """Kind of a non-2xx upstream answer."""
+    if status == 429:
+        return RATE_LIMITED
+    if status in (401, 403):
+        return UPSTREAM_AUTH
+    if status >= 500:
+        return SERVER_ERROR
+    code = error_code(body)
+    if code == "context_length_exceeded":
+        return CONTEXT_LENGTH
+    if code in _CONTENT_FILTER_CODES:
+        return CONTENT_FILTER
+    if status == 408:
+        return REQUEST_TIMEOUT
+    return CLIENT_ERROR
+
+
+def failure_for_status(
+    status: int,
+    body: bytes,
+    headers: tuple[tuple[bytes, bytes], ...],
+    retry_after: float | None,
+    deployment: str,
+) -> Failure:
+    kind = classify_status(status, body)
+    return Failure(
+        kind,
+        f"upstream answered {status}",
+        status=status,
+        body=body,
+        headers=headers,
+        retry_after=retry_after,
+        deployment=deployment,
+    )
+
+
+UNAVAILABLE = Kind("unavailable", Action.RETURN, 503, "api_error", "no_healthy_deployment", False)
+BUDGET_EXHAUSTED = Kind(
+    "retry_budget_exhausted", Action.RETURN, 503, "api_error", "retry_budget_exhausted", False
+)

@@ -1,0 +1,441 @@
+"""The attempt loop: which deployment answers a request, and what happens when one cannot.
+
+For each request the router walks, in order: the model group's deployments (best first, by
+the group's strategy), retrying transient failures with jittered backoff while the retry
+budget allows; then the group's fallbacks and the request's own `fallbacks`. A context-length
+refusal switches to the group's `context_fallbacks`. Every deployment sits behind its own
+circuit breaker, so an open one costs nothing; when all are open the answer is an immediate
+503 with the time until the first one may be probed again."""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+
+from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.config import Deployment, ModelGroup, Settings
+from ballast.routing import classify
+from ballast.routing.breaker import BreakerConfig, CircuitBreaker, Permit
+from ballast.routing.budget import RetryBudget, backoff_delay
+from ballast.routing.classify import Action, Failure
+from ballast.routing.health import DeploymentHealth, choose
+from ballast.upstream.client import Upstream
+from ballast.upstream.exchange import Reply, UpstreamStream, fetch, open_stream
+
+log = logging.getLogger("ballast.router")
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class ProxyRequest:
+    """What the router needs of a client request: the parsed body and where it goes."""
+
+    path: str  # "/chat/completions", "/completions" or "/embeddings"
+    payload: dict[str, Any]
+    raw: bytes
+    model: str
+    stream: bool
+    request_id: str | None = None
+    fallbacks: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class Target:
+    """A deployment at run time: its pool, its breaker and its health."""
+
+    deployment: Deployment
+    group: ModelGroup
+    upstream: Upstream
+    breaker: CircuitBreaker
+    health: DeploymentHealth
+    drained: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.deployment.id
+
+
+@dataclass(slots=True)
+class Attempted:
+    """Bookkeeping of one request's attempts, shared with a stream's continuation."""
+
+    deadline: float
+    count: int = 0
+    excluded: set[str] = field(default_factory=set)
+    failures: list[Failure] = field(default_factory=list)
+
+
+class Router:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: random.Random | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.on_event = on_event or (lambda name, fields: None)
+        routing = settings.routing
+        self.budget = RetryBudget(
+            ratio=routing.retry_budget_ratio,
+            min_per_second=routing.retry_budget_min_per_second,
+            clock=clock,
+        )
+        b = routing.breaker
+        self._breaker_config = BreakerConfig(
+            failure_threshold=b.failure_threshold,
+            failure_rate=b.failure_rate,
+            window=b.window,
+            min_calls=b.min_calls,
+            open_time=b.open_time,
+            max_open_time=b.max_open_time,
+            half_open_probes=b.half_open_probes,
+            probe_timeout=b.probe_timeout,
+        )
+        self.targets: dict[str, Target] = {}
+        self._by_group: dict[str, list[Target]] = {}
+        self._exact: dict[str, ModelGroup] = {}
+        self._wildcards: list[ModelGroup] = []
+        for group in settings.models:
+            if group.is_wildcard:
+                self._wildcards.append(group)
+            else:
+                self._exact[group.name] = group
+            members = []
+            for dep in group.deployments:
+                target = Target(
+                    dep,
+                    group,
+                    Upstream(dep, settings.timeouts_for(dep), settings.upstream),
+                    CircuitBreaker(dep.id, self._breaker_config, clock, self._on_transition),
+                    DeploymentHealth(dep.id, clock, window=routing.health_window),
+                )
+                self.targets[dep.id] = target
+                members.append(target)
+            self._by_group[group.name] = members
+
+    # -- life cycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        for target in self.targets.values():
+            await target.upstream.start()
+        warm = self.settings.upstream.warm_connections
+        await asyncio.gather(*(t.upstream.warm(warm) for t in self.targets.values()))
+
+    async def close(self) -> None:
+        for target in self.targets.values():
+            await target.upstream.close()
+
+    def _on_transition(self, name: str, old: Any, new: Any) -> None:
+        log.warning("breaker %s: %s -> %s", name, old.value, new.value)
+        self.on_event("breaker", {"deployment": name, "from": old.value, "to": new.value})
+
+    # -- resolution ----------------------------------------------------------------
+
+    def resolve(self, model: str) -> ModelGroup | None:
+        group = self._exact.get(model)
+        if group is not None:
+            return group
+        for group in self._wildcards:
+            if fnmatch.fnmatchcase(model, group.name):
+                return group
+        return None
+
+    def public_models(self) -> list[str]:
+        return [g.name for g in self.settings.models if not g.is_wildcard]
+
+    def _ranked(self, group: ModelGroup) -> list[Target]:
+        members = self._by_group[group.name]
+        if len(members) == 1:
+            return members
+        return choose(
+            members,
+            group.strategy,
+            health=lambda t: t.health,
+            weight=lambda t: t.deployment.weight,
+            rng=self.rng,
+        )
+
+    def body_for(self, target: Target, request: ProxyRequest, model: str) -> bytes:
+        """The bytes to send: the client's own unless the upstream model name differs."""
+        upstream_model = target.deployment.model
+        if upstream_model is None or upstream_model == "*":
+            upstream_model = model
+        if upstream_model == request.model:
+            return request.raw
+        return orjson.dumps({**request.payload, "model": upstream_model})
+
+    # -- the attempt loop ------------------------------------------------------------
+
+    def _chain(self, request: ProxyRequest, primary: ModelGroup) -> list[tuple[ModelGroup, str]]:
+        """The model groups to try, with the model name each is asked for."""
+        chain = [(primary, request.model)]
+        for name in [*primary.fallbacks, *request.fallbacks]:
+            group = self.resolve(name)
+            if group is not None and all(g is not group for g, _ in chain):
+                chain.append((group, name))
+        return chain
+
+    def _context_chain(self, primary: ModelGroup) -> list[tuple[ModelGroup, str]]:
+        chain = []
+        for name in primary.context_fallbacks:
+            group = self.resolve(name)
+            if group is not None:
+                chain.append((group, name))
+        return chain
+
+    async def run(
+        self,
+        request: ProxyRequest,
+        primary: ModelGroup,
+        attempt: Callable[[Target, Permit, str, Attempted], Awaitable[T]],
+    ) -> T:
+        """Try deployments until one answers; raise the Failure the client should see."""
+        routing = self.settings.routing
+        state = Attempted(self.clock.monotonic() + self.settings.timeouts.request)
+        self.budget.record_request()
+        chain = self._chain(request, primary)
+        index = 0
+        while index < len(chain):
+            group, model = chain[index]
+            try:
+                return await self._run_group(group, model, state, attempt)
+            except _SwitchToContextFallbacks:
+                chain = self._context_chain(primary)
+                index = 0
+                if not chain:
+                    break
+                continue
+            except _GroupExhausted:
+                pass
+            last = state.failures[-1] if state.failures else None
+            if (
+                index == 0
+                and last is not None
+                and last.kind is classify.RATE_LIMITED
+                and last.retry_after is not None
+                and len(chain) > 1
+                and last.retry_after <= routing.max_retry_after_wait
+                and self.clock.monotonic() + last.retry_after < state.deadline
+                and state.count < routing.max_attempts
+            ):
+                # The only alternative is another model: waiting for the primary is better.
+                await self.clock.sleep(last.retry_after)
+                state.excluded.discard(last.deployment or "")
+                try:
+                    return await self._run_group(group, model, state, attempt)
+                except (_GroupExhausted, _SwitchToContextFallbacks):
+                    pass
+            index += 1
+            if index < len(chain):
+                self.on_event("fallback", {"from": model, "to": chain[index][1]})
+        raise self._final_failure(state, primary)
+
+    async def _run_group(
+        self,
+        group: ModelGroup,
+        model: str,
+        state: Attempted,
+        attempt: Callable[[Target, Permit, str, Attempted], Awaitable[T]],
+    ) -> T:
+        routing = self.settings.routing
+        round_number = 0
+        while True:
+            tried_this_round = False
+            for target in self._ranked(group):
+                if target.id in state.excluded or target.drained:
+                    continue
+                if state.count >= routing.max_attempts or self.clock.monotonic() >= state.deadline:
+                    raise _GroupExhausted
+                permit = target.breaker.acquire()
+                if permit is None:
+                    continue
+                if state.count > 0 and not self.budget.try_withdraw():
+                    target.breaker.release(permit)
+                    state.failures.append(
+                        Failure(classify.BUDGET_EXHAUSTED, "retry budget exhausted")
+                    )
+                    raise _GroupExhausted
+                if round_number > 0:
+                    delay = backoff_delay(
+                        round_number - 1, routing.backoff_base, routing.backoff_cap, self.rng
+                    )
+                    delay = min(delay, max(0.0, state.deadline - self.clock.monotonic()))
+                    await self.clock.sleep(delay)
+                tried_this_round = True
+                state.count += 1
+                if state.count > 1:
+                    self.on_event("retry", {"deployment": target.id, "attempt": state.count})
+                try:
+                    return await attempt(target, permit, model, state)
+                except Failure as failure:
+                    failure.deployment = target.id
+                    state.failures.append(failure)
+                    action = failure.kind.action
+                    if action is Action.RETURN:
+                        raise
+                    if action is Action.CONTEXT_FALLBACK:
+                        raise _SwitchToContextFallbacks from None
+                    if action is Action.FAILOVER:
+                        state.excluded.add(target.id)
+                    self.on_event(
+                        "failover", {"deployment": target.id, "reason": failure.kind.label}
+                    )
+            if not tried_this_round:
+                raise _GroupExhausted
+            round_number += 1
+
+    def _final_failure(self, state: Attempted, primary: ModelGroup) -> Failure:
+        real = [f for f in state.failures if f.kind is not classify.BUDGET_EXHAUSTED]
+        if real:
+            return real[-1]
+        waits = [t.breaker.retry_after() for t in self._by_group[primary.name] if not t.drained]
+        retry_after = min(waits) if waits else self.settings.routing.rate_limit_cooldown
+        if state.failures:
+            return state.failures[-1]
+        return Failure(
+            classify.UNAVAILABLE,
+            f"every deployment of '{primary.name}' is unavailable",
+            retry_after=max(1.0, retry_after),
+        )
+
+    # -- verdicts --------------------------------------------------------------------
+
+    def judge(self, target: Target, permit: Permit, failure: Failure) -> None:
+        """Tell the breaker what a failure says about the deployment."""
+        kind = failure.kind
+        breaker = target.breaker
+        if kind is classify.RATE_LIMITED:
+            breaker.release(permit)
+            breaker.force_open(failure.retry_after or self.settings.routing.rate_limit_cooldown)
+            self.on_event("cooldown", {"deployment": target.id, "seconds": failure.retry_after})
+        elif kind is classify.UPSTREAM_AUTH:
+            breaker.release(permit)
+            breaker.force_open(self.settings.routing.auth_cooldown)
+            log.error(
+                "deployment %s refused our upstream credentials (%s); cooling it down for %ss",
+                target.id,
+                failure.status,
+                self.settings.routing.auth_cooldown,
+            )
+        elif kind is classify.POOL_TIMEOUT:
+            breaker.release(permit)
+        elif kind.health_failure:
+            breaker.record_failure(permit, failure.retry_after)
+        else:
+            breaker.record_success(permit)
+
+    # -- the two kinds of exchange ------------------------------------------------------
+
+    async def complete(self, request: ProxyRequest, group: ModelGroup) -> Reply:
+        async def attempt(target: Target, permit: Permit, model: str, state: Attempted) -> Reply:
+            body = self.body_for(target, request, model)
+            target.health.start()
+            started = self.clock.monotonic()
+            try:
+                reply = await fetch(
+                    target.upstream,
+                    request.path,
+                    body,
+                    state.deadline,
+                    self.clock,
+                    request.request_id,
+                )
+            except Failure as failure:
+                self.judge(target, permit, failure)
+                target.health.finish(not failure.kind.health_failure)
+                raise
+            except BaseException:
+                target.breaker.release(permit)
+                target.health.abandon()
+                raise
+            target.breaker.record_success(permit)
+            target.health.finish(True, latency=self.clock.monotonic() - started)
+            return reply
+
+        try:
+            reply = await self.run(request, group, attempt)
+        except Failure as failure:
+            if is_passthrough(failure):
+                return Reply(failure.status or 502, failure.headers, failure.body or b"", None)
+            raise
+        return reply
+
+    async def open(
+        self,
+        request: ProxyRequest,
+        group: ModelGroup,
+        state: Attempted | None = None,
+        body_for: Callable[[Target, str], bytes] | None = None,
+    ) -> tuple[Target, UpstreamStream, list[bytes], Attempted]:
+        """Open a stream on the first deployment that produces a first token."""
+        holder: list[Attempted] = []
+
+        async def attempt(
+            target: Target, permit: Permit, model: str, attempted: Attempted
+        ) -> tuple[Target, UpstreamStream, list[bytes], Attempted]:
+            holder.append(attempted)
+            body = body_for(target, model) if body_for else self.body_for(target, request, model)
+            target.health.start()
+            started = self.clock.monotonic()
+            try:
+                stream, held = await open_stream(
+                    target.upstream, request.path, body, self.clock, request.request_id
+                )
+            except Failure as failure:
+                self.judge(target, permit, failure)
+                target.health.finish(not failure.kind.health_failure)
+                raise
+            except BaseException:
+                target.breaker.release(permit)
+                target.health.abandon()
+                raise
+            target.breaker.record_success(permit)
+            stream.started = started
+            stream.ttft = self.clock.monotonic() - started
+            return target, stream, held, attempted
+
+        if state is not None:
+            return await self._run_group_chain(request, group, state, attempt)
+        return await self.run(request, group, attempt)
+
+    async def _run_group_chain(
+        self,
+        request: ProxyRequest,
+        group: ModelGroup,
+        state: Attempted,
+        attempt: Callable[[Target, Permit, str, Attempted], Awaitable[T]],
+    ) -> T:
+        """Continue an existing request's attempts (a stream's continuation)."""
+        for candidate, model in self._chain(request, group):
+            try:
+                return await self._run_group(candidate, model, state, attempt)
+            except (_GroupExhausted, _SwitchToContextFallbacks):
+                continue
+        raise self._final_failure(state, group)
+
+
+def is_passthrough(failure: Failure) -> bool:
+    """An upstream's own refusal of the request itself: the client sees it unchanged."""
+    return failure.status is not None and failure.kind.action in (
+        Action.RETURN,
+        Action.CONTEXT_FALLBACK,
+    )
+
+
+class _GroupExhausted(Exception):
+    pass
+
+
+class _SwitchToContextFallbacks(Exception):
+    pass

@@ -1,0 +1,152 @@
+"""Deterministic answers of the simulator.
+
+The full answer of ``n`` tokens is ``"tok0 tok1 ... tok{n-1} "`` (token ``i`` is
+``f"tok{i} "``). When the last chat message is an assistant *prefill* whose content is a
+prefix of that full answer, the answer is only the remainder, so a client that continues
+a broken stream on another upstream gets exactly the missing text.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+EMBEDDING_DIM = 8
+
+
+def token_text(i: int) -> str:
+    """The text of token ``i``."""
+    return f"tok{i} "
+
+
+def full_tokens(tokens: int) -> list[str]:
+    """The complete deterministic answer, one string per token."""
+    return [token_text(i) for i in range(max(tokens, 0))]
+
+
+def full_text(tokens: int) -> str:
+    """The complete deterministic answer as one string."""
+    return "".join(full_tokens(tokens))
+
+
+def content_text(content: Any) -> str:
+    """The text of an OpenAI message ``content`` (a string, a list of parts, or null)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        return "".join(parts)
+    return ""
+
+
+def count_words(texts: Iterable[str]) -> int:
+    """Whitespace-separated words across ``texts``, at least 1."""
+    return max(1, sum(len(text.split()) for text in texts))
+
+
+def remainder_after(prefix: str, tokens: Sequence[str]) -> list[str] | None:
+    """The tokens that follow ``prefix`` in ``tokens``, or None if it is not a prefix.
+
+    A prefix that ends inside a token yields the rest of that token as the first piece.
+    """
+    joined = "".join(tokens)
+    if not joined.startswith(prefix):
+        return None
+    consumed = 0
+    for index, token in enumerate(tokens):
+        end = consumed + len(token)
+        if end > len(prefix):
+            head = token[len(prefix) - consumed :] if len(prefix) > consumed else token
+            return [head, *tokens[index + 1 :]]
+        consumed = end
+    return []
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the simulator will emit for one request."""
+
+    pieces: tuple[str, ...]
+    finish_reason: str
+    prompt_tokens: int
+    prefill: bool
+    continued: bool
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.pieces)
+
+    def usage(self, emitted: int | None = None) -> dict[str, int]:
+        """The OpenAI ``usage`` object; ``emitted`` overrides the completion count."""
+        completion = self.completion_tokens if emitted is None else emitted
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+
+def _cap(pieces: list[str], max_tokens: int | None) -> tuple[list[str], str]:
+    if max_tokens is not None and max_tokens < len(pieces):
+        return pieces[:max_tokens], "length"
+    return pieces, "stop"
+
+
+def chat_answer(messages: Sequence[Any], tokens: int, max_tokens: int | None = None) -> Answer:
+    """The answer to a chat request with ``messages`` (a list of message objects)."""
+    texts = [content_text(m.get("content")) for m in messages if isinstance(m, dict)]
+    prompt_tokens = count_words(texts)
+    all_tokens = full_tokens(tokens)
+    last = messages[-1] if messages else None
+    prefill = isinstance(last, dict) and last.get("role") == "assistant"
+    pieces: list[str] | None = None
+    if prefill and isinstance(last, dict):
+        pieces = remainder_after(content_text(last.get("content")), all_tokens)
+    continued = pieces is not None
+    capped, finish = _cap(all_tokens if pieces is None else pieces, max_tokens)
+    return Answer(tuple(capped), finish, prompt_tokens, prefill, continued)
+
+
+def prompt_texts(prompt: Any) -> list[str]:
+    """The texts of a completions ``prompt`` (a string, a list of strings, or tokens)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list):
+        return [p if isinstance(p, str) else str(p) for p in prompt]
+    return []
+
+
+def completion_answer(prompt: Any, tokens: int, max_tokens: int | None = None) -> Answer:
+    """The answer to a legacy completions request."""
+    capped, finish = _cap(full_tokens(tokens), max_tokens)
+    return Answer(tuple(capped), finish, count_words(prompt_texts(prompt)), False, False)
+
+
+def embedding(text: str, dim: int = EMBEDDING_DIM) -> list[float]:
+    """A deterministic unit vector of ``dim`` floats derived from ``text``."""
+    raw = b""
+    counter = 0
+    while len(raw) < dim * 4:
+        raw += hashlib.sha256(f"{counter}:{text}".encode()).digest()
+        counter += 1
+    values = [(int.from_bytes(raw[i * 4 : i * 4 + 4], "big") / 2**32) * 2 - 1 for i in range(dim)]
+    norm = sum(v * v for v in values) ** 0.5 or 1.0
+    return [round(v / norm, 6) for v in values]
+
+
+def embedding_base64(vector: Sequence[float]) -> str:
+    """``vector`` as little-endian float32, base64-encoded (``encoding_format=base64``)."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")

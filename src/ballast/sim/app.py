@@ -1,0 +1,352 @@
+"""The simulator's HTTP surface: OpenAI-compatible endpoints that misbehave on request.
+
+Behaviour per request, first match wins: the ``x-sim-behaviour`` header, the runtime
+rule for the request's model (``PUT /sim/behaviour``), the ``*`` rule, the app default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import struct
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from ballast.sim.admin import add_admin_routes, invalid_request, json_response
+from ballast.sim.answer import (
+    Answer,
+    chat_answer,
+    completion_answer,
+    count_words,
+    prompt_texts,
+)
+from ballast.sim.behaviour import Behaviour
+from ballast.sim.bodies import (
+    DONE_EVENT,
+    MALFORMED_EVENT,
+    Ids,
+    chat_body,
+    completion_body,
+    embeddings_body,
+    fault_error,
+    stream_events,
+)
+from ballast.sim.state import SIM_STATE, SimState, mask_secret
+
+BEHAVIOUR_HEADER = "x-sim-behaviour"
+ERROR_OUTCOMES = frozenset({"429", "500", "503", "context_length", "content_filter", "409", "401"})
+# Faults that only change a stream; a non-stream request under them is answered normally.
+STREAM_ONLY = frozenset({"no_done"})
+POLL_SECONDS = 0.02
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+def _gone(request: web.Request) -> bool:
+    transport = request.transport
+    if transport is not None and request.app[SIM_STATE].closing:
+        transport.abort()  # shutting down: end hanging and stalled requests now
+    return transport is None or transport.is_closing()
+
+
+async def _pause(request: web.Request, seconds: float) -> bool:
+    """Sleep ``seconds`` (may be inf); False as soon as the client has gone away."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not _gone(request):
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return True
+        await asyncio.sleep(min(remaining, POLL_SECONDS))
+    return False
+
+
+def _reset(request: web.Request) -> None:
+    """Abort the connection with a TCP RST (SO_LINGER on, zero timeout)."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+    transport.abort()
+
+
+def _close(request: web.Request) -> None:
+    """Close the connection (buffered bytes are still sent) without ending the body."""
+    transport = request.transport
+    if transport is not None:
+        transport.close()
+
+
+def _selected_headers(request: web.Request) -> dict[str, str]:
+    selected: dict[str, str] = {}
+    auth = request.headers.get("authorization")
+    if auth is not None:
+        selected["authorization"] = mask_secret(auth)
+    request_id = request.headers.get("x-request-id")
+    if request_id is not None:
+        selected["x-request-id"] = request_id
+    return selected
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise _BadRequest(f"{key} must be a non-negative integer (sim)", key)
+        return value
+    return None
+
+
+def _embedding_texts(body: dict[str, Any]) -> list[str]:
+    value = body.get("input")
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(v, int) for v in value):
+            return [" ".join(str(v) for v in value)]
+        return prompt_texts(value)
+    raise _BadRequest("'input' must be a string or a non-empty array (sim)", "input")
+
+
+async def _read_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        raise _BadRequest("We could not parse the JSON body of your request (sim).") from None
+    if not isinstance(body, dict):
+        raise _BadRequest("The request body must be a JSON object (sim).")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _BadRequest("You must provide a model parameter (sim).", "model")
+    return body
+
+
+def _answer_for(kind: str, body: dict[str, Any], tokens: int) -> Answer:
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequest("'messages' must be a non-empty array (sim)", "messages")
+        return chat_answer(messages, tokens, _max_tokens(body))
+    return completion_answer(body.get("prompt", ""), tokens, _max_tokens(body))
+
+
+async def _endpoint(request: web.Request, kind: str) -> web.StreamResponse:
+    state = request.app[SIM_STATE]
+    headers = _selected_headers(request)
+    spec = request.headers.get(BEHAVIOUR_HEADER)
+    model: str | None = None
+    answer: Answer | None = None
+    try:
+        body = await _read_body(request)
+        model = str(body["model"])
+        try:
+            rule = state.select(model, spec)
+        except ValueError as exc:
+            raise _BadRequest(
+                f"invalid {BEHAVIOUR_HEADER}: {exc}", None, "invalid_behaviour"
+            ) from None
+        behaviour = rule.behaviour
+        if kind != "embeddings":
+            answer = _answer_for(kind, body, behaviour.tokens)
+        texts = _embedding_texts(body) if kind == "embeddings" else []
+    except _BadRequest as exc:
+        state.record(
+            model=model, path=request.path, behaviour=spec, outcome="bad_request",
+            stream=False, prefill=False, headers=headers,
+        )  # fmt: skip
+        return invalid_request(exc.message, exc.param, exc.code)
+    except ConnectionError:  # the client went away while sending the body
+        return web.Response()
+
+    stream = kind != "embeddings" and body.get("stream") is True
+    outcome = behaviour.name
+    if behaviour.is_error_mode and not rule.should_fail(model):
+        outcome = "ok"
+    elif outcome in STREAM_ONLY and not stream:
+        outcome = "ok"
+    entry = state.record(
+        model=model,
+        path=request.path,
+        behaviour=behaviour.spec,
+        outcome=outcome,
+        stream=stream,
+        prefill=answer.prefill if answer else False,
+        headers=headers,
+    )
+
+    if outcome in ERROR_OUTCOMES:
+        prompt_tokens = answer.prompt_tokens if answer else count_words(texts)
+        auth = request.headers.get("authorization")
+        status, error, extra = fault_error(behaviour, prompt_tokens, auth)
+        return json_response(error, status, extra)
+    if outcome == "reset":
+        _reset(request)
+        return web.Response()
+    if outcome == "hang":
+        await _pause(request, math.inf)
+        entry["disconnected"] = True
+        return web.Response()
+    before = behaviour.first_token_delay if outcome == "slow_first" else 0.0
+    if not stream:
+        before += behaviour.latency + (behaviour.seconds if outcome == "stall" else 0.0)
+    if before > 0 and not await _pause(request, before):
+        entry["disconnected"] = True
+        return web.Response()
+
+    ids = Ids(state.next_id(), int(time.time()), model, state.name)
+    if kind == "embeddings":
+        encoding = "base64" if body.get("encoding_format") == "base64" else "float"
+        return await _plain(request, entry, outcome, embeddings_body(ids, texts, encoding), 0)
+    assert answer is not None
+    if not stream:
+        full = chat_body(ids, answer) if kind == "chat" else completion_body(ids, answer)
+        return await _plain(request, entry, outcome, full, answer.completion_tokens)
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    events = stream_events(ids, answer, chat=kind == "chat", include_usage=include_usage)
+    return await _stream(request, entry, behaviour, outcome, events, answer, chat=kind == "chat")
+
+
+async def _plain(
+    request: web.Request, entry: dict[str, Any], outcome: str, body: dict[str, Any], tokens: int
+) -> web.StreamResponse:
+    data = orjson.dumps(body)
+    if outcome == "malformed":
+        data = b"{not json"
+    if outcome != "cut":
+        entry["tokens"] = tokens
+        return web.Response(body=data, content_type="application/json")
+    # cut: promise the whole body, send half of it, close the connection.
+    response = web.StreamResponse()
+    response.content_type = "application/json"
+    response.content_length = len(data)
+    try:
+        await response.prepare(request)
+        await response.write(data[: len(data) // 2])
+    except ConnectionError:
+        entry["disconnected"] = True
+    _close(request)
+    return response
+
+
+async def _stream(
+    request: web.Request,
+    entry: dict[str, Any],
+    behaviour: Behaviour,
+    outcome: str,
+    events: list[bytes],
+    answer: Answer,
+    *,
+    chat: bool,
+) -> web.StreamResponse:
+    first_token = 1 if chat else 0
+    fault_at = first_token + min(behaviour.after, len(answer.pieces))
+    cut_at = fault_at if outcome == "cut" else -1
+    stall_at = fault_at if outcome == "stall" else -1
+    response = web.StreamResponse(headers={"Cache-Control": "no-cache"})
+    response.content_type = "text/event-stream"
+    if outcome == "no_done":
+        response.force_close()
+    try:
+        await response.prepare(request)
+        for index, event in enumerate(events):
+            if index == cut_at:
+                _close(request)
+                return response
+            wait = behaviour.first_token_delay if index == 0 else behaviour.delay
+            if outcome == "slow_first":
+                wait = 0.0 if index == 0 else behaviour.delay
+            if index == stall_at:
+                wait += behaviour.seconds
+            if wait > 0 and not await _pause(request, wait):
+                raise ConnectionResetError("client went away")
+            if outcome == "malformed" and index == behaviour.at:
+                event = MALFORMED_EVENT
+            await response.write(event)
+            if first_token <= index < first_token + len(answer.pieces):
+                entry["tokens"] += 1
+        if outcome != "no_done":
+            if behaviour.delay > 0 and not await _pause(request, behaviour.delay):
+                raise ConnectionResetError("client went away")
+            await response.write(DONE_EVENT)
+        await response.write_eof()
+    except ConnectionError:
+        entry["disconnected"] = True
+    return response
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    return await _endpoint(request, "chat")
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _endpoint(request, "completions")
+
+
+async def _embeddings(request: web.Request) -> web.StreamResponse:
+    return await _endpoint(request, "embeddings")
+
+
+def _model_object(state: SimState, model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": state.name}
+
+
+async def _models(request: web.Request) -> web.Response:
+    state = request.app[SIM_STATE]
+    data = [_model_object(state, m) for m in state.model_ids()]
+    return json_response({"object": "list", "data": data})
+
+
+async def _model(request: web.Request) -> web.Response:
+    return json_response(_model_object(request.app[SIM_STATE], request.match_info["model"]))
+
+
+async def _health(request: web.Request) -> web.Response:
+    return json_response({"status": "ok", "name": request.app[SIM_STATE].name})
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    app[SIM_STATE].closing = True
+
+
+async def _name_header(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["x-sim-name"] = request.app[SIM_STATE].name
+
+
+def create_app(
+    default: str = "ok", *, name: str = "sim", models: tuple[str, ...] = ("sim-model",)
+) -> web.Application:
+    """The simulator app. ``default`` is the behaviour spec used when nothing else matches
+    (an invalid spec raises ValueError); ``name`` is reported in ``x-sim-name`` and
+    ``system_fingerprint``; ``models`` are listed by ``GET /v1/models``.
+    """
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[SIM_STATE] = SimState(default, name, tuple(models))
+    app.on_response_prepare.append(_name_header)
+    app.on_shutdown.append(_on_shutdown)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/embeddings", _embeddings)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/models/{model}", _model)
+    app.router.add_get("/health", _health)
+    add_admin_routes(app)
+    return app

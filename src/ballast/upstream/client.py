@@ -1,0 +1,127 @@
+"""Pooled HTTP to one deployment. Each deployment has its own bounded connection pool (a
+bulkhead: a slow upstream exhausts only its own connections), opened at start-up and reused."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import aiohttp
+
+from ballast.config import Deployment, Timeouts, UpstreamSettings
+from ballast.routing import classify
+from ballast.routing.classify import Failure
+
+log = logging.getLogger("ballast.upstream")
+
+# Response headers that describe one hop, or that no longer hold once aiohttp decoded the body.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "content-encoding",
+        "date",
+        "server",
+        "set-cookie",
+    }
+)
+
+
+def relay_headers(response: aiohttp.ClientResponse) -> tuple[tuple[bytes, bytes], ...]:
+    """Upstream headers a client may see."""
+    return tuple(
+        (name.lower(), value)
+        for name, value in response.raw_headers
+        if name.decode("latin-1").lower() not in _HOP_BY_HOP
+    )
+
+
+class Upstream:
+    """One deployment's pooled session and the fixed parts of every request to it."""
+
+    def __init__(
+        self, deployment: Deployment, timeouts: Timeouts, settings: UpstreamSettings
+    ) -> None:
+        self.deployment = deployment
+        self.id = deployment.id
+        self.timeouts = timeouts
+        self.base_url = deployment.url
+        self._settings = settings
+        headers = {"content-type": "application/json", "accept": "application/json"}
+        if deployment.api_key is not None:
+            headers["authorization"] = f"Bearer {deployment.api_key.get_secret_value()}"
+        headers.update(deployment.headers)
+        self._headers = headers
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=timeouts.pool + timeouts.connect, sock_connect=timeouts.connect
+        )
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=self.deployment.pool_size or self._settings.pool_size,
+            limit_per_host=0,
+            keepalive_timeout=self._settings.keepalive_timeout,
+            ttl_dns_cache=300,
+            family=socket.AF_UNSPEC,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=True,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def warm(self, count: int) -> None:
+        """Open `count` keep-alive connections now so the first requests skip the handshake."""
+        if self._session is None or count <= 0:
+            return
+
+        async def one() -> None:
+            assert self._session is not None
+            try:
+                async with asyncio.timeout(self.timeouts.connect):
+                    async with self._session.get(self.base_url + "/models") as response:
+                        await response.read()
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                log.info("could not warm a connection to deployment %s", self.id)
+
+        await asyncio.gather(*(one() for _ in range(count)))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def post(
+        self, path: str, body: bytes, request_id: str | None = None
+    ) -> aiohttp.ClientResponse:
+        """Send a request and return once the response headers arrived. Errors before that are
+        translated into the taxonomy here, at the adapter's edge."""
+        session = self._session
+        if session is None:
+            raise Failure(classify.CONNECT, "deployment is not started", deployment=self.id)
+        headers = self._headers
+        if request_id is not None:
+            headers = {**headers, "x-request-id": request_id}
+        try:
+            return await session.post(self.base_url + path, data=body, headers=headers)
+        except aiohttp.ConnectionTimeoutError:
+            raise Failure(classify.CONNECT, "connect timeout", deployment=self.id) from None
+        except aiohttp.ClientConnectorError:
+            raise Failure(classify.CONNECT, "connection refused", deployment=self.id) from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionError):
+            raise Failure(classify.RESET, "connection reset", deployment=self.id) from None
+        except aiohttp.ClientResponseError:
+            raise Failure(classify.BAD_RESPONSE, "malformed response", deployment=self.id) from None
+        except aiohttp.ClientError:
+            raise Failure(classify.RESET, "connection failed", deployment=self.id) from None

@@ -1,0 +1,248 @@
+"""One attempt against one deployment: a whole answer, or a stream guarded by two clocks
+(time to first token, gap between chunks). Every failure leaves here as a classified Failure."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from ballast.clock import Clock
+from ballast.routing import classify
+from ballast.routing.budget import parse_retry_after
+from ballast.routing.classify import Failure
+from ballast.upstream.client import Upstream, relay_headers
+from ballast.upstream.sse import DONE, SseSplitter, StreamState, event_data
+
+MAX_ERROR_BODY = 64 * 1024
+
+
+@dataclass(slots=True)
+class Reply:
+    """A complete upstream answer."""
+
+    status: int
+    headers: tuple[tuple[bytes, bytes], ...]
+    body: bytes
+    payload: object  # the parsed body of a 2xx answer (usage, model)
+
+
+def _retry_after(response: aiohttp.ClientResponse, clock: Clock) -> float | None:
+    value = response.headers.get("retry-after-ms")
+    if value is not None:
+        try:
+            return max(0.0, float(value) / 1000.0)
+        except ValueError:
+            pass
+    return parse_retry_after(response.headers.get("retry-after"), clock)
+
+
+async def _failure_from(
+    response: aiohttp.ClientResponse, upstream: Upstream, clock: Clock
+) -> Failure:
+    try:
+        body = await response.content.read(MAX_ERROR_BODY)
+    except (aiohttp.ClientError, OSError):
+        body = b""
+    finally:
+        response.release()
+    return classify.failure_for_status(
+        response.status, body, relay_headers(response), _retry_after(response, clock), upstream.id
+    )
+
+
+async def fetch(
+    upstream: Upstream,
+    path: str,
+    body: bytes,
+    deadline: float,
+    clock: Clock,
+    request_id: str | None = None,
+) -> Reply:
+    """A non-streaming exchange that must finish before `deadline` (monotonic)."""
+    budget = min(deadline - clock.monotonic(), upstream.timeouts.answer)
+    if budget <= 0:
+        raise Failure(classify.REQUEST_TIMEOUT, "request deadline passed", deployment=upstream.id)
+    try:
+        async with asyncio.timeout(budget):
+            response = await upstream.post(path, body, request_id)
+            if response.status >= 300:
+                raise await _failure_from(response, upstream, clock)
+            try:
+                data = await response.read()
+            except (aiohttp.ClientError, OSError):
+                response.close()
+                raise Failure(
+                    classify.RESET,
+                    "connection lost while reading the answer",
+                    deployment=upstream.id,
+                ) from None
+    except TimeoutError:
+        raise Failure(
+            classify.REQUEST_TIMEOUT,
+            f"no complete answer within {budget:.1f}s",
+            deployment=upstream.id,
+        ) from None
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise Failure(
+            classify.BAD_RESPONSE, "upstream sent a non-JSON answer", deployment=upstream.id
+        ) from None
+    if not isinstance(payload, dict):
+        raise Failure(
+            classify.BAD_RESPONSE, "upstream sent a non-object answer", deployment=upstream.id
+        )
+    return Reply(response.status, relay_headers(response), data, payload)
+
+
+class UpstreamStream:
+    """An open upstream stream. `next_events` yields relayable events (each with its blank-line
+    terminator) and raises a Failure on a stall, a cut, a reset or an in-band error."""
+
+    def __init__(self, upstream: Upstream, response: aiohttp.ClientResponse, clock: Clock) -> None:
+        self.upstream = upstream
+        self.response = response
+        self.headers = relay_headers(response)
+        self.state = StreamState()
+        self._clock = clock
+        self._splitter = SseSplitter()
+        self._inter_chunk = upstream.timeouts.inter_chunk
+        self._closed = False
+        self._eof = False
+        self.started = 0.0
+        self.ttft = 0.0
+
+    @property
+    def exhausted(self) -> bool:
+        return self._eof
+
+    async def next_events(self, deadline: float | None = None) -> list[bytes]:
+        """Read until at least one data event is ready; [] once the stream has ended properly.
+        `deadline` (loop time) overrides the inter-chunk clock, e.g. for the first token."""
+        if self._eof:
+            return []
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + self._inter_chunk
+        out: list[bytes] = []
+        while not out:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    chunk = await self.response.content.readany()
+            except TimeoutError:
+                raise Failure(
+                    classify.INTER_CHUNK_TIMEOUT
+                    if self.state.data_events
+                    else classify.FIRST_TOKEN_TIMEOUT,
+                    "upstream went silent",
+                    deployment=self.upstream.id,
+                ) from None
+            except (aiohttp.ClientError, OSError):
+                raise Failure(
+                    classify.STREAM_CUT,
+                    "upstream connection broke mid-stream",
+                    deployment=self.upstream.id,
+                ) from None
+            if not chunk:
+                return self._finish(out)
+            for event in self._splitter.feed(chunk):
+                if self._take(event):
+                    out.append(event + b"\n\n")
+                if self.state.done:
+                    self._eof = True
+                    return out
+        return out
+
+    def _take(self, event: bytes) -> bool:
+        """Record one event; False for events that must not reach the client."""
+        data = event_data(event)
+        if data is None:
+            return False
+        if data == b"[DONE]":
+            self.state.done = True
+            return True
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            self.state.malformed += 1
+            return False
+        if isinstance(payload, dict) and "error" in payload and "choices" not in payload:
+            raise Failure(
+                classify.SERVER_ERROR,
+                "upstream sent an error event mid-stream",
+                body=data,
+                deployment=self.upstream.id,
+            )
+        self.state.observe(payload)
+        return True
+
+    def _finish(self, out: list[bytes]) -> list[bytes]:
+        rest = self._splitter.rest()
+        if rest and self._take(rest):
+            out.append(rest + b"\n\n")
+        self._eof = True
+        if self.state.done:
+            return out
+        if self.state.finished:
+            # A complete answer without [DONE]: finish it for the client at once.
+            self.state.done = True
+            out.append(DONE + b"\n\n")
+            return out
+        raise Failure(
+            classify.STREAM_CUT,
+            "upstream closed the stream before the answer finished",
+            deployment=self.upstream.id,
+        )
+
+    def close(self) -> None:
+        """Return the connection to the pool only after a clean end; otherwise drop it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.state.done and self._eof:
+            self.response.release()
+        else:
+            self.response.close()
+
+
+async def open_stream(
+    upstream: Upstream, path: str, body: bytes, clock: Clock, request_id: str | None = None
+) -> tuple[UpstreamStream, list[bytes]]:
+    """Open a stream and wait for its first token (or its end) within `first_token`.
+    Events before the first token (the role chunk) are held back and returned with it, so a
+    silent upstream can still be replaced before the client has seen a byte."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + upstream.timeouts.first_token
+    try:
+        async with asyncio.timeout_at(deadline):
+            response = await upstream.post(path, body, request_id)
+    except TimeoutError:
+        raise Failure(
+            classify.FIRST_TOKEN_TIMEOUT,
+            f"no answer within {upstream.timeouts.first_token:g}s",
+            deployment=upstream.id,
+        ) from None
+    if response.status >= 300:
+        raise await _failure_from(response, upstream, clock)
+    content_type = response.headers.get("content-type", "")
+    if "text/event-stream" not in content_type:
+        response.close()
+        raise Failure(
+            classify.BAD_RESPONSE,
+            f"expected an event stream, got {content_type or 'nothing'}",
+            deployment=upstream.id,
+        )
+    stream = UpstreamStream(upstream, response, clock)
+    held: list[bytes] = []
+    try:
+        while True:
+            events = await stream.next_events(deadline)
+            held.extend(events)
+            if stream.state.text or stream.state.finished or stream.exhausted:
+                return stream, held
+    except BaseException:
+        stream.close()
+        raise

@@ -1,0 +1,102 @@
+"""Server-sent events from an upstream: split into whole events and read what the router needs
+(content so far, finish, usage), without re-encoding what is relayed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+DONE = b"data: [DONE]"
+
+
+class SseSplitter:
+    """Cuts a byte stream into complete events (without their blank-line terminator)."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._buffer + data if self._buffer else data
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if b"\n\n" not in buffer:
+            self._buffer = buffer
+            return []
+        parts = buffer.split(b"\n\n")
+        self._buffer = parts.pop()
+        return [p for p in parts if p]
+
+    def rest(self) -> bytes:
+        """What is left when the stream ends: an event that never got its terminator."""
+        rest, self._buffer = self._buffer.strip(), b""
+        return rest
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The data payload of an event, or None for comments and events without data."""
+    if event.startswith(b"data:"):
+        if b"\n" not in event:
+            return event[5:].strip()
+        return b"\n".join(
+            line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")
+        )
+    if b"\ndata:" in event:
+        return b"\n".join(
+            line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")
+        )
+    return None
+
+
+@dataclass(slots=True)
+class StreamState:
+    """What has been said so far in one streamed answer (for continuation, usage and checks)."""
+
+    text: list[str] = field(default_factory=list)
+    finished: bool = False
+    done: bool = False
+    usage: dict[str, Any] | None = None
+    malformed: int = 0
+    data_events: int = 0
+    role_sent: bool = False
+
+    @property
+    def content(self) -> str:
+        return "".join(self.text)
+
+    def observe(self, payload: Any) -> None:
+        """Record one parsed data payload (a chat or text completion chunk)."""
+        self.data_events += 1
+        if not isinstance(payload, dict):
+            return
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        choices = payload.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            return
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            if "role" in delta:
+                self.role_sent = True
+            piece = delta.get("content")
+        else:
+            piece = choice.get("text")
+        if isinstance(piece, str) and piece:
+            self.text.append(piece)
+        if choice.get("finish_reason"):
+            self.finished = True
+
+
+def parse_payload(data: bytes) -> Any:
+    """A data payload as JSON; raises ValueError when it is not."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError("malformed event") from exc
