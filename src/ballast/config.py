@@ -119,6 +119,9 @@ class RoutingSettings(_Strict):
     max_retry_after_wait: float = Field(5.0, ge=0)
     health_window: float = Field(60.0, gt=0)
     continuation: bool = True
+    handle_refresh_margin: float = Field(
+        60.0, ge=0, description="renew a remote run's token this long before it expires"
+    )
     hedge_after: float | None = Field(None, gt=0, description="seconds; off when unset")
     breaker: BreakerSettings = BreakerSettings()
 

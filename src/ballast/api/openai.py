@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import os
@@ -41,6 +42,14 @@ def request_id(scope: Scope) -> bytes:
     if given and len(given) <= 128:
         return given
     return f"{_ID_PREFIX}-{next(_ids)}".encode()
+
+
+def credential_id(scope: Scope) -> str:
+    """A stable, non-reversible id for the client's credential (never the key itself)."""
+    given = header(scope, b"authorization")
+    if not given:
+        return "anonymous"
+    return hashlib.sha256(given).hexdigest()[:24]
 
 
 def parse_request(path: str, body: bytes) -> ProxyRequest:
@@ -84,6 +93,7 @@ class OpenAIHandlers:
             body = await read_body(scope, receive, self.max_body_bytes)
             request = parse_request(path, body)
             request.request_id = rid.decode("latin-1")
+            request.credential = credential_id(scope)
             group = self.router.resolve(request.model)
             if group is None:
                 raise model_not_found(request.model)

@@ -136,3 +136,6 @@ UNAVAILABLE = Kind("unavailable", Action.RETURN, 503, "api_error", "no_healthy_d
 BUDGET_EXHAUSTED = Kind(
     "retry_budget_exhausted", Action.RETURN, 503, "api_error", "retry_budget_exhausted", False
 )
+HANDLE_UNAVAILABLE = Kind(
+    "handle_unavailable", Action.FAILOVER, 503, "api_error", "upstream_session_unavailable", True
+)

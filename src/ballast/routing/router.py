@@ -25,8 +25,11 @@ from ballast.routing import classify
 from ballast.routing.breaker import BreakerConfig, CircuitBreaker, Permit
 from ballast.routing.budget import RetryBudget, backoff_delay
 from ballast.routing.classify import Action, Failure
+from ballast.routing.handles import HandleCache, HandleUnavailable
 from ballast.routing.health import DeploymentHealth, choose
-from ballast.upstream.client import Upstream
+from ballast.state.sessions import SessionStore, sqlite_path
+from ballast.upstream.actor import ActorRuns
+from ballast.upstream.client import Route, Upstream
 from ballast.upstream.exchange import Reply, UpstreamStream, fetch, open_stream
 
 log = logging.getLogger("ballast.router")
@@ -45,6 +48,7 @@ class ProxyRequest:
     stream: bool
     request_id: str | None = None
     fallbacks: tuple[str, ...] = ()
+    credential: str = "anonymous"  # who is asking: remote resources are kept per credential
 
 
 @dataclass(slots=True)
@@ -57,6 +61,7 @@ class Target:
     breaker: CircuitBreaker
     health: DeploymentHealth
     drained: bool = False
+    handles: HandleCache | None = None  # for deployments that hand out per-run endpoints
 
     @property
     def id(self) -> str:
@@ -106,6 +111,7 @@ class Router:
         self._by_group: dict[str, list[Target]] = {}
         self._exact: dict[str, ModelGroup] = {}
         self._wildcards: list[ModelGroup] = []
+        self.sessions = SessionStore(sqlite_path(settings.state.database_url))
         for group in settings.models:
             if group.is_wildcard:
                 self._wildcards.append(group)
@@ -120,6 +126,14 @@ class Router:
                     CircuitBreaker(dep.id, self._breaker_config, clock, self._on_transition),
                     DeploymentHealth(dep.id, clock, window=routing.health_window),
                 )
+                if dep.provider == "actor":
+                    runs = ActorRuns(target.upstream, self.sessions)
+                    target.handles = HandleCache(
+                        runs.create,
+                        runs.release,
+                        clock,
+                        refresh_margin=routing.handle_refresh_margin,
+                    )
                 self.targets[dep.id] = target
                 members.append(target)
             self._by_group[group.name] = members
@@ -134,7 +148,10 @@ class Router:
 
     async def close(self) -> None:
         for target in self.targets.values():
+            if target.handles is not None:
+                await target.handles.close()
             await target.upstream.close()
+        self.sessions.close()
 
     def _on_transition(self, name: str, old: Any, new: Any) -> None:
         log.warning("breaker %s: %s -> %s", name, old.value, new.value)
@@ -335,6 +352,39 @@ class Router:
         else:
             breaker.record_success(permit)
 
+    async def via_handle(
+        self,
+        target: Target,
+        request: ProxyRequest,
+        model: str,
+        call: Callable[[Route | None], Awaitable[T]],
+    ) -> T:
+        """Run `call` on the deployment, through a remote resource handle where it uses one.
+        Exactly a `sampling_run_inactive` 409 (or an expired run token) replaces the handle
+        that failed and retries once; any other answer is returned as it is."""
+        cache = target.handles
+        if cache is None:
+            return await call(None)
+        key = (request.credential, model)
+        try:
+            handle = await cache.get(key)
+            try:
+                return await call(Route(handle.endpoint, handle.token))
+            except Failure as failure:
+                if not needs_new_handle(failure):
+                    raise
+                self.on_event("heal", {"deployment": target.id, "reason": failure.kind.label})
+                log.info("deployment %s: run %s is gone, replacing it", target.id, handle.run_id)
+                handle = await cache.replace(key, handle)
+            return await call(Route(handle.endpoint, handle.token))
+        except HandleUnavailable as exc:
+            raise Failure(
+                classify.HANDLE_UNAVAILABLE,
+                str(exc),
+                retry_after=exc.retry_after,
+                deployment=target.id,
+            ) from None
+
     # -- the two kinds of exchange ------------------------------------------------------
 
     async def complete(self, request: ProxyRequest, group: ModelGroup) -> Reply:
@@ -343,13 +393,19 @@ class Router:
             target.health.start()
             started = self.clock.monotonic()
             try:
-                reply = await fetch(
-                    target.upstream,
-                    request.path,
-                    body,
-                    state.deadline,
-                    self.clock,
-                    request.request_id,
+                reply = await self.via_handle(
+                    target,
+                    request,
+                    model,
+                    lambda route: fetch(
+                        target.upstream,
+                        request.path,
+                        body,
+                        state.deadline,
+                        self.clock,
+                        request.request_id,
+                        route,
+                    ),
                 )
             except Failure as failure:
                 self.judge(target, permit, failure)
@@ -389,8 +445,13 @@ class Router:
             target.health.start()
             started = self.clock.monotonic()
             try:
-                stream, held = await open_stream(
-                    target.upstream, request.path, body, self.clock, request.request_id
+                stream, held = await self.via_handle(
+                    target,
+                    request,
+                    model,
+                    lambda route: open_stream(
+                        target.upstream, request.path, body, self.clock, request.request_id, route
+                    ),
                 )
             except Failure as failure:
                 self.judge(target, permit, failure)
@@ -423,6 +484,14 @@ class Router:
             except (_GroupExhausted, _SwitchToContextFallbacks):
                 continue
         raise self._final_failure(state, group)
+
+
+def needs_new_handle(failure: Failure) -> bool:
+    if failure.status == 409:
+        return classify.error_code(failure.body) == "sampling_run_inactive"
+    if failure.status == 401:
+        return classify.error_code(failure.body) in ("token_expired", "invalid_token")
+    return False
 
 
 def is_passthrough(failure: Failure) -> bool:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from typing import Any, NamedTuple
 
 import aiohttp
+import orjson
 
 from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.routing import classify
@@ -43,6 +45,13 @@ def relay_headers(response: aiohttp.ClientResponse) -> tuple[tuple[bytes, bytes]
         for name, value in response.raw_headers
         if name.decode("latin-1").lower() not in _HOP_BY_HOP
     )
+
+
+class Route(NamedTuple):
+    """Where one request goes when the deployment hands out per-run endpoints and tokens."""
+
+    base_url: str
+    token: str
 
 
 class Upstream:
@@ -103,18 +112,23 @@ class Upstream:
             self._session = None
 
     async def post(
-        self, path: str, body: bytes, request_id: str | None = None
+        self, path: str, body: bytes, request_id: str | None = None, route: Route | None = None
     ) -> aiohttp.ClientResponse:
         """Send a request and return once the response headers arrived. Errors before that are
-        translated into the taxonomy here, at the adapter's edge."""
+        translated into the taxonomy here, at the adapter's edge. A `route` (a remote resource
+        handle) replaces the base URL and the bearer token."""
         session = self._session
         if session is None:
             raise Failure(classify.CONNECT, "deployment is not started", deployment=self.id)
         headers = self._headers
+        base = self.base_url
+        if route is not None:
+            base = route.base_url
+            headers = {**headers, "authorization": f"Bearer {route.token}"}
         if request_id is not None:
             headers = {**headers, "x-request-id": request_id}
         try:
-            return await session.post(self.base_url + path, data=body, headers=headers)
+            return await session.post(base + path, data=body, headers=headers)
         except aiohttp.ConnectionTimeoutError:
             raise Failure(classify.CONNECT, "connect timeout", deployment=self.id) from None
         except aiohttp.ClientConnectorError:
@@ -125,3 +139,28 @@ class Upstream:
             raise Failure(classify.BAD_RESPONSE, "malformed response", deployment=self.id) from None
         except aiohttp.ClientError:
             raise Failure(classify.RESET, "connection failed", deployment=self.id) from None
+
+    async def call_json(
+        self, method: str, url: str, payload: Any | None = None
+    ) -> tuple[int, Any]:
+        """A small control-plane call (create or release a remote resource) on the same pool."""
+        if self._session is None:
+            raise Failure(classify.CONNECT, "deployment is not started", deployment=self.id)
+        budget = self.timeouts.first_token
+        try:
+            async with asyncio.timeout(budget):
+                async with self._session.request(
+                    method, url, json=payload, headers=self._headers
+                ) as response:
+                    raw = await response.read()
+        except TimeoutError:
+            raise Failure(
+                classify.REQUEST_TIMEOUT, "control call timed out", deployment=self.id
+            ) from None
+        except aiohttp.ClientError:
+            raise Failure(classify.CONNECT, "control call failed", deployment=self.id) from None
+        try:
+            data = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            data = None
+        return response.status, data

@@ -13,7 +13,7 @@ from ballast.clock import Clock
 from ballast.routing import classify
 from ballast.routing.budget import parse_retry_after
 from ballast.routing.classify import Failure
-from ballast.upstream.client import Upstream, relay_headers
+from ballast.upstream.client import Route, Upstream, relay_headers
 from ballast.upstream.sse import DONE, SseSplitter, StreamState, event_data
 
 MAX_ERROR_BODY = 64 * 1024
@@ -60,6 +60,7 @@ async def fetch(
     deadline: float,
     clock: Clock,
     request_id: str | None = None,
+    route: Route | None = None,
 ) -> Reply:
     """A non-streaming exchange that must finish before `deadline` (monotonic)."""
     budget = min(deadline - clock.monotonic(), upstream.timeouts.answer)
@@ -67,7 +68,7 @@ async def fetch(
         raise Failure(classify.REQUEST_TIMEOUT, "request deadline passed", deployment=upstream.id)
     try:
         async with asyncio.timeout(budget):
-            response = await upstream.post(path, body, request_id)
+            response = await upstream.post(path, body, request_id, route)
             if response.status >= 300:
                 raise await _failure_from(response, upstream, clock)
             try:
@@ -209,7 +210,12 @@ class UpstreamStream:
 
 
 async def open_stream(
-    upstream: Upstream, path: str, body: bytes, clock: Clock, request_id: str | None = None
+    upstream: Upstream,
+    path: str,
+    body: bytes,
+    clock: Clock,
+    request_id: str | None = None,
+    route: Route | None = None,
 ) -> tuple[UpstreamStream, list[bytes]]:
     """Open a stream and wait for its first token (or its end) within `first_token`.
     Events before the first token (the role chunk) are held back and returned with it, so a
@@ -218,7 +224,7 @@ async def open_stream(
     deadline = loop.time() + upstream.timeouts.first_token
     try:
         async with asyncio.timeout_at(deadline):
-            response = await upstream.post(path, body, request_id)
+            response = await upstream.post(path, body, request_id, route)
     except TimeoutError:
         raise Failure(
             classify.FIRST_TOKEN_TIMEOUT,

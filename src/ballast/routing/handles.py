@@ -1,0 +1,165 @@
+"""Remote resource handles that heal themselves (seed 000).
+
+A handle names a remote resource: a sampling run on an actor, with its token. The cache keys
+handles by (credential, model) and never assumes how long the remote keeps the resource: it
+refreshes tokens ahead of their expiry, and when the remote says the resource is gone
+(`sampling_run_inactive`) it replaces exactly the handle that failed (compare-and-delete, so
+a fresh handle made by a concurrent request survives). Concurrent requests that need a new
+handle share one creation (single-flight); a failed creation leaves nothing stale behind and
+backs off before the next try."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ballast.clock import SYSTEM_CLOCK, Clock
+
+log = logging.getLogger("ballast.handles")
+
+Key = tuple[str, str]  # (credential id, model)
+
+
+@dataclass(frozen=True, slots=True)
+class Handle:
+    session_id: str
+    run_id: str
+    endpoint: str  # base URL for requests on this run
+    token: str
+    expires_at: float  # wall-clock seconds
+
+
+class HandleUnavailable(Exception):
+    """No handle could be made; `retry_after` says when the next creation will be tried."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+CreateHandle = Callable[[Key, str | None], Awaitable[Handle]]
+ReleaseHandle = Callable[[Handle], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class HandleStats:
+    created: int = 0
+    refreshed: int = 0
+    healed: int = 0
+    failed: int = 0
+
+
+class HandleCache:
+    def __init__(
+        self,
+        create: CreateHandle,
+        release: ReleaseHandle | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        refresh_margin: float = 60.0,
+        failure_backoff: float = 1.0,
+        max_failure_backoff: float = 30.0,
+    ) -> None:
+        self._create = create
+        self._release = release
+        self._clock = clock
+        self.refresh_margin = refresh_margin
+        self._failure_backoff = failure_backoff
+        self._max_failure_backoff = max_failure_backoff
+        self._handles: dict[Key, Handle] = {}
+        self._sessions: dict[Key, str] = {}
+        self._flights: dict[Key, asyncio.Future[Handle]] = {}
+        self._failures: dict[Key, tuple[int, float]] = {}  # (count, next allowed monotonic)
+        self._background: set[asyncio.Task[None]] = set()
+        self.stats = HandleStats()
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def peek(self, key: Key) -> Handle | None:
+        return self._handles.get(key)
+
+    def _fresh(self, handle: Handle) -> bool:
+        return handle.expires_at - self.refresh_margin > self._clock.time()
+
+    async def get(self, key: Key) -> Handle:
+        """A usable handle for `key`, created or refreshed if needed."""
+        handle = self._handles.get(key)
+        if handle is not None and self._fresh(handle):
+            return handle
+        if handle is not None:
+            self.stats.refreshed += 1
+        return await self._single_flight(key, handle)
+
+    async def replace(self, key: Key, failed: Handle) -> Handle:
+        """The remote rejected `failed`: drop it if it is still the cached one, then get a
+        new one. Concurrent callers holding the same failed handle share one creation."""
+        current = self._handles.get(key)
+        if current is failed:
+            del self._handles[key]
+            self.stats.healed += 1
+            self._retire(failed)
+        elif current is not None and self._fresh(current):
+            return current  # someone already replaced it
+        return await self._single_flight(key, failed)
+
+    async def _single_flight(self, key: Key, stale: Handle | None) -> Handle:
+        flight = self._flights.get(key)
+        if flight is None:
+            _, not_before = self._failures.get(key, (0, 0.0))
+            wait = not_before - self._clock.monotonic()
+            if wait > 0:
+                raise HandleUnavailable("creating a run failed recently; backing off", wait)
+            flight = asyncio.get_running_loop().create_future()
+            self._flights[key] = flight
+            task = asyncio.get_running_loop().create_task(self._make(key, stale, flight))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        return await asyncio.shield(flight)
+
+    async def _make(self, key: Key, stale: Handle | None, flight: asyncio.Future[Handle]) -> None:
+        try:
+            handle = await self._create(key, self._sessions.get(key))
+        except Exception as exc:
+            if self._handles.get(key) is stale and stale is not None:
+                del self._handles[key]  # never leave a handle we know to be bad
+            count = self._failures.get(key, (0, 0.0))[0] + 1
+            backoff = min(self._max_failure_backoff, self._failure_backoff * 2 ** (count - 1))
+            self._failures[key] = (count, self._clock.monotonic() + backoff)
+            self.stats.failed += 1
+            log.warning("could not create a handle for model %s: %s", key[1], type(exc).__name__)
+            flight.set_exception(HandleUnavailable("could not create a run", backoff))
+            flight.exception()  # retrieved: waiters get it through the shield
+        else:
+            self._failures.pop(key, None)
+            self._sessions[key] = handle.session_id
+            previous = self._handles.get(key)
+            self._handles[key] = handle
+            self.stats.created += 1
+            if previous is not None and previous is not handle:
+                self._retire(previous)
+            flight.set_result(handle)
+        finally:
+            self._flights.pop(key, None)
+
+    def _retire(self, handle: Handle) -> None:
+        """Release a replaced handle's remote resource, best effort, off the request path."""
+        if self._release is None:
+            return
+        release = self._release
+
+        async def run() -> None:
+            try:
+                await release(handle)
+            except Exception:
+                log.info("releasing run %s failed (it may already be gone)", handle.run_id)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
