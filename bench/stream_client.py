@@ -11,6 +11,7 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import aiohttp
@@ -120,12 +121,13 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--max-streams", type=int, default=1_000_000)
     args = parser.parse_args()
+    factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     try:
         import uvloop
 
         factory = uvloop.new_event_loop
     except ImportError:
-        factory = asyncio.new_event_loop
+        pass
     with asyncio.Runner(loop_factory=factory) as runner:
         result = runner.run(run(args.url, args.concurrency, args.duration, args.max_streams))
     print(json.dumps({**asdict(result), "streams_per_s": result.streams_per_s}))
