@@ -88,6 +88,24 @@ def sim(
 
 
 @cli.command()
+def actor(
+    backend: Annotated[str, typer.Option(help="the inference server's base URL")],
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8100,
+    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+    idle_timeout: Annotated[
+        float, typer.Option(help="seconds before an idle run is reclaimed")
+    ] = 900.0,
+    jwt_ttl: Annotated[float, typer.Option(help="seconds a run token lives")] = 3600.0,
+) -> None:
+    """Run the reference sampling actor (secrets from BALLAST_ACTOR_CONTROL_SECRET and
+    BALLAST_ACTOR_JWT_SECRET)."""
+    from ballast.actor.cli import actor_command
+
+    _setup_logging("info")
+    actor_command(backend, port, host, idle_timeout, jwt_ttl)
+
+
+@cli.command()
 def demo(
     seconds: Annotated[float, typer.Option(help="how long the workload runs")] = 40.0,
 ) -> None:

@@ -72,6 +72,7 @@ class HandleCache:
         self._flights: dict[Key, asyncio.Future[Handle]] = {}
         self._failures: dict[Key, tuple[int, float]] = {}  # (count, next allowed monotonic)
         self._background: set[asyncio.Task[None]] = set()
+        self._lifetimes: dict[str, float] = {}  # run id -> token life when it was issued
         self.stats = HandleStats()
 
     def __len__(self) -> int:
@@ -81,7 +82,11 @@ class HandleCache:
         return self._handles.get(key)
 
     def _fresh(self, handle: Handle) -> bool:
-        return handle.expires_at - self.refresh_margin > self._clock.time()
+        """Usable without a refresh. The margin never exceeds half the token's life, so a
+        short-lived token is not refreshed on every request."""
+        now = self._clock.time()
+        life = self._lifetimes.get(handle.run_id, self.refresh_margin * 2)
+        return handle.expires_at - min(self.refresh_margin, life / 2) > now
 
     async def get(self, key: Key) -> Handle:
         """A usable handle for `key`, created or refreshed if needed."""
@@ -98,6 +103,7 @@ class HandleCache:
         current = self._handles.get(key)
         if current is failed:
             del self._handles[key]
+            self._lifetimes.pop(failed.run_id, None)
             self.stats.healed += 1
             self._retire(failed)
         elif current is not None and self._fresh(current):
@@ -135,6 +141,9 @@ class HandleCache:
             self._failures.pop(key, None)
             self._sessions[key] = handle.session_id
             previous = self._handles.get(key)
+            if previous is not None:
+                self._lifetimes.pop(previous.run_id, None)
+            self._lifetimes[handle.run_id] = handle.expires_at - self._clock.time()
             self._handles[key] = handle
             self.stats.created += 1
             if previous is not None and previous is not handle:
