@@ -95,7 +95,7 @@ class UpstreamSettings(_Strict):
 
 
 class BreakerSettings(_Strict):
-    failure_threshold: int = Field(5, ge=1)
+    failure_threshold: int = Field(10, ge=1)
     failure_rate: float | None = Field(0.5, gt=0, le=1)
     min_calls: int = Field(20, ge=1)
     window: float = Field(30.0, gt=0)

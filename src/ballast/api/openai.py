@@ -29,7 +29,7 @@ from ballast.api.asgi import (
 from ballast.api.errors import ApiError, bad_request, from_failure, model_not_found
 from ballast.routing.classify import Failure
 from ballast.routing.relay import Relay
-from ballast.routing.router import ProxyRequest, Router
+from ballast.routing.router import ProxyRequest, Router, is_passthrough
 
 log = logging.getLogger("ballast.api")
 
@@ -115,6 +115,15 @@ class OpenAIHandlers:
         except Failure as failure:
             if watch is not None:
                 watch.stop()
+            if is_passthrough(failure):
+                # The upstream refused the request itself (a stream that never started):
+                # the client gets that answer unchanged, as for a non-streamed request.
+                headers = list(failure.headers)
+                if not any(k == b"content-type" for k, _ in headers):
+                    headers.append(JSON)
+                headers.extend(extra)
+                await send_bytes(send, failure.status or 502, headers, failure.body or b"")
+                return
             await send_error(send, from_failure(failure), extra)
         except ClientGone:
             return

@@ -44,7 +44,11 @@ class _Splice:
 
     def apply(self, event: bytes) -> bytes | None:
         data = event_data(event.rstrip(b"\n"))
-        if data is None or data == b"[DONE]":
+        if data is None:
+            return event
+        if data == b"[DONE]":
+            if self.matched < len(self.expect):
+                raise _Diverged  # the new answer ended before reaching the client's text
             return event
         payload = orjson.loads(data)
         choices = payload.get("choices") if isinstance(payload, dict) else None
@@ -67,6 +71,8 @@ class _Splice:
             piece = piece[len(head) :]
             holder[key] = piece
             rewrite = True
+        if choice.get("finish_reason") and self.matched < len(self.expect):
+            raise _Diverged  # a shorter answer: it never got to what the client has
         if rewrite:
             if not piece and not choice.get("finish_reason") and not payload.get("usage"):
                 return None

@@ -225,8 +225,11 @@ class Router:
         index = 0
         while index < len(chain):
             group, model = chain[index]
+            # Each later group in the chain keeps one attempt: retries of this one must not
+            # use up the fallbacks' turn.
+            reserve = len(chain) - index - 1
             try:
-                return await self._run_group(group, model, state, attempt)
+                return await self._run_group(group, model, state, attempt, reserve)
             except _SwitchToContextFallbacks:
                 chain = self._context_chain(primary)
                 index = 0
@@ -250,7 +253,7 @@ class Router:
                 await self.clock.sleep(last.retry_after)
                 state.excluded.discard(last.deployment or "")
                 try:
-                    return await self._run_group(group, model, state, attempt)
+                    return await self._run_group(group, model, state, attempt, reserve)
                 except (_GroupExhausted, _SwitchToContextFallbacks):
                     pass
             index += 1
@@ -264,15 +267,20 @@ class Router:
         model: str,
         state: Attempted,
         attempt: Callable[[Target, Permit, str, Attempted], Awaitable[T]],
+        reserve: int = 0,
     ) -> T:
+        """Try one group's deployments; `reserve` attempts are kept for the groups after it
+        (the group's first attempt is never withheld)."""
         routing = self.settings.routing
         round_number = 0
+        tried = 0
         while True:
             tried_this_round = False
             for target in self._ranked(group):
                 if target.id in state.excluded or target.drained:
                     continue
-                if state.count >= routing.max_attempts or self.clock.monotonic() >= state.deadline:
+                limit = routing.max_attempts - (reserve if tried else 0)
+                if state.count >= limit or self.clock.monotonic() >= state.deadline:
                     raise _GroupExhausted
                 permit = target.breaker.acquire()
                 if permit is None:
@@ -290,6 +298,7 @@ class Router:
                     delay = min(delay, max(0.0, state.deadline - self.clock.monotonic()))
                     await self.clock.sleep(delay)
                 tried_this_round = True
+                tried += 1
                 state.count += 1
                 if state.count > 1:
                     self.on_event("retry", {"deployment": target.id, "attempt": state.count})
@@ -478,9 +487,12 @@ class Router:
         attempt: Callable[[Target, Permit, str, Attempted], Awaitable[T]],
     ) -> T:
         """Continue an existing request's attempts (a stream's continuation)."""
-        for candidate, model in self._chain(request, group):
+        chain = self._chain(request, group)
+        for index, (candidate, model) in enumerate(chain):
             try:
-                return await self._run_group(candidate, model, state, attempt)
+                return await self._run_group(
+                    candidate, model, state, attempt, len(chain) - index - 1
+                )
             except (_GroupExhausted, _SwitchToContextFallbacks):
                 continue
         raise self._final_failure(state, group)
@@ -491,6 +503,8 @@ def needs_new_handle(failure: Failure) -> bool:
         return classify.error_code(failure.body) == "sampling_run_inactive"
     if failure.status == 401:
         return classify.error_code(failure.body) in ("token_expired", "invalid_token")
+    if failure.status == 404:
+        return classify.error_code(failure.body) == "run_not_found"  # the actor restarted
     return False
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import socket
 import struct
 import time
@@ -272,6 +273,8 @@ async def _stream(
                 _close(request)
                 return response
             wait = behaviour.first_token_delay if index == 0 else behaviour.delay
+            if index == 0 and behaviour.tail_p and random.random() < behaviour.tail_p:
+                wait += behaviour.tail_delay
             if outcome == "slow_first":
                 wait = 0.0 if index == 0 else behaviour.delay
             if index == stall_at:

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 # Parameters shared by every behaviour that ends in a normal answer.
-_ANSWER = frozenset({"tokens", "delay", "first_token_delay", "latency"})
+_ANSWER = frozenset({"tokens", "delay", "first_token_delay", "latency", "tail_p", "tail_delay"})
 _MODES = frozenset({"mode", "seconds", "p", "seed"})
 
 ALLOWED_PARAMS: dict[str, frozenset[str]] = {
@@ -57,6 +57,9 @@ class Behaviour:
     delay: float = 0.0
     first_token_delay: float = 0.0
     latency: float = 0.0
+    # A heavy tail: with probability tail_p the first token waits tail_delay more.
+    tail_p: float = 0.0
+    tail_delay: float = 0.0
     # 429 / 500 / 503.
     retry_after: float | None = None
     mode: str = "always"
@@ -124,6 +127,8 @@ _CONVERTERS: dict[str, Callable[[str, str], Any]] = {
     "delay": _to_float,
     "first_token_delay": _to_float,
     "latency": _to_float,
+    "tail_p": _to_probability,
+    "tail_delay": _to_float,
     "retry_after": _to_float,
     "mode": _to_mode,
     "seconds": _to_float,

@@ -140,9 +140,7 @@ class Upstream:
         except aiohttp.ClientError:
             raise Failure(classify.RESET, "connection failed", deployment=self.id) from None
 
-    async def call_json(
-        self, method: str, url: str, payload: Any | None = None
-    ) -> tuple[int, Any]:
+    async def call_json(self, method: str, url: str, payload: Any | None = None) -> tuple[int, Any]:
         """A small control-plane call (create or release a remote resource) on the same pool."""
         if self._session is None:
             raise Failure(classify.CONNECT, "deployment is not started", deployment=self.id)
