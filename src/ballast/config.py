@@ -122,7 +122,10 @@ class RoutingSettings(_Strict):
     handle_refresh_margin: float = Field(
         60.0, ge=0, description="renew a remote run's token this long before it expires"
     )
-    hedge_after: float | None = Field(None, gt=0, description="seconds; off when unset")
+    hedge_after: float | None = Field(
+        None, gt=0, description="start a second stream after this long without a first token"
+    )
+    hedge_on_p95: bool = Field(False, description="hedge after the deployment's p95 TTFT")
     breaker: BreakerSettings = BreakerSettings()
 
 

@@ -450,34 +450,98 @@ class Router:
             target: Target, permit: Permit, model: str, attempted: Attempted
         ) -> tuple[Target, UpstreamStream, list[bytes], Attempted]:
             holder.append(attempted)
-            body = body_for(target, model) if body_for else self.body_for(target, request, model)
-            target.health.start()
-            started = self.clock.monotonic()
-            try:
-                stream, held = await self.via_handle(
-                    target,
-                    request,
-                    model,
-                    lambda route: open_stream(
-                        target.upstream, request.path, body, self.clock, request.request_id, route
-                    ),
-                )
-            except Failure as failure:
-                self.judge(target, permit, failure)
-                target.health.finish(not failure.kind.health_failure)
-                raise
-            except BaseException:
-                target.breaker.release(permit)
-                target.health.abandon()
-                raise
-            target.breaker.record_success(permit)
-            stream.started = started
-            stream.ttft = self.clock.monotonic() - started
-            return target, stream, held, attempted
+            first = self._open_on(target, permit, request, model, attempted, body_for)
+            delay = self._hedge_delay(target)
+            if delay is None:
+                return await first
+            return await self._hedged(first, delay, target, request, model, attempted, body_for)
 
         if state is not None:
             return await self._run_group_chain(request, group, state, attempt)
         return await self.run(request, group, attempt)
+
+    async def _open_on(
+        self,
+        target: Target,
+        permit: Permit,
+        request: ProxyRequest,
+        model: str,
+        attempted: Attempted,
+        body_for: Callable[[Target, str], bytes] | None,
+    ) -> tuple[Target, UpstreamStream, list[bytes], Attempted]:
+        body = body_for(target, model) if body_for else self.body_for(target, request, model)
+        target.health.start()
+        started = self.clock.monotonic()
+        try:
+            stream, held = await self.via_handle(
+                target,
+                request,
+                model,
+                lambda route: open_stream(
+                    target.upstream, request.path, body, self.clock, request.request_id, route
+                ),
+            )
+        except Failure as failure:
+            self.judge(target, permit, failure)
+            target.health.finish(not failure.kind.health_failure)
+            raise
+        except BaseException:
+            target.breaker.release(permit)
+            target.health.abandon()
+            raise
+        target.breaker.record_success(permit)
+        stream.started = started
+        stream.ttft = self.clock.monotonic() - started
+        return target, stream, held, attempted
+
+    # -- hedged first token ----------------------------------------------------------
+
+    def _hedge_delay(self, target: Target) -> float | None:
+        routing = self.settings.routing
+        if routing.hedge_after is not None:
+            return routing.hedge_after
+        if routing.hedge_on_p95:
+            return target.health.p95_ttft()
+        return None
+
+    async def _hedged(
+        self,
+        first: Awaitable[tuple[Target, UpstreamStream, list[bytes], Attempted]],
+        delay: float,
+        target: Target,
+        request: ProxyRequest,
+        model: str,
+        attempted: Attempted,
+        body_for: Callable[[Target, str], bytes] | None,
+    ) -> tuple[Target, UpstreamStream, list[bytes], Attempted]:
+        """No first token after `delay`: ask a second deployment too; the first to produce a
+        token wins and the other is cancelled (its connection dropped, not pooled)."""
+        primary = asyncio.ensure_future(first)
+        done, _ = await asyncio.wait({primary}, timeout=delay)
+        if done:
+            return primary.result()
+        backup = self._hedge_target(target, attempted)
+        if backup is None:
+            return await primary
+        self.on_event("hedge", {"deployment": backup[0].id, "after": target.id})
+        attempted.count += 1
+        second = asyncio.ensure_future(
+            self._open_on(backup[0], backup[1], request, model, attempted, body_for)
+        )
+        return await _first_success(primary, second)
+
+    def _hedge_target(self, busy: Target, attempted: Attempted) -> tuple[Target, Permit] | None:
+        for candidate in self._ranked(busy.group):
+            if candidate is busy or candidate.id in attempted.excluded or candidate.drained:
+                continue
+            permit = candidate.breaker.acquire()
+            if permit is None:
+                continue
+            if not self.budget.try_withdraw():
+                candidate.breaker.release(permit)
+                return None
+            return candidate, permit
+        return None
 
     async def _run_group_chain(
         self,
@@ -496,6 +560,41 @@ class Router:
             except (_GroupExhausted, _SwitchToContextFallbacks):
                 continue
         raise self._final_failure(state, group)
+
+
+async def _first_success(
+    primary: asyncio.Future[tuple[Target, UpstreamStream, list[bytes], Attempted]],
+    backup: asyncio.Future[tuple[Target, UpstreamStream, list[bytes], Attempted]],
+) -> tuple[Target, UpstreamStream, list[bytes], Attempted]:
+    """The first of two opens to succeed; the loser is cancelled or closed. When both fail,
+    the primary's failure is the one that counts."""
+    pending: set[asyncio.Future[tuple[Target, UpstreamStream, list[bytes], Attempted]]] = {
+        primary,
+        backup,
+    }
+    errors: dict[int, BaseException] = {}
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            winners = [t for t in done if not t.cancelled() and t.exception() is None]
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    errors[id(task)] = task.exception()  # type: ignore[assignment]
+            if winners:
+                winner = winners[0]
+                for loser in winners[1:]:
+                    loser.result()[1].close()
+                for task in pending:
+                    task.cancel()
+                for result in await asyncio.gather(*pending, return_exceptions=True):
+                    if isinstance(result, tuple):
+                        result[1].close()
+                return winner.result()
+    finally:
+        for task in (primary, backup):
+            if not task.done():
+                task.cancel()
+    raise errors.get(id(primary)) or errors[id(backup)]
 
 
 def needs_new_handle(failure: Failure) -> bool:
