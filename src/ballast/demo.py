@@ -153,7 +153,11 @@ async def _stats(
 
 async def run_demo(seconds: float = 40.0, console: Console | None = None) -> int:
     console = console or Console()
-    sims = {"a": await start_sim(name="a"), "b": await start_sim(name="b")}
+    healthy = SCHEDULE[0][2]
+    sims = {
+        "a": await start_sim(default=healthy, name="a"),
+        "b": await start_sim(default=healthy, name="b"),
+    }
     settings = parse_settings(
         {
             "timeouts": {"first_token": 1.0, "inter_chunk": 0.5, "answer": 1.5},
