@@ -10,6 +10,21 @@ echo "== ruff"
 "$BIN/ruff" format --check src tests bench
 echo "== mypy"
 "$BIN/mypy"
+echo "== services (Redis, PostgreSQL)"
+services_dir=$(mktemp -d)
+export BALLAST_SERVICES_DIR="$services_dir"
+# Free loopback ports, so a second run (or a developer's own services) never collides.
+read -r BALLAST_TEST_REDIS_PORT BALLAST_TEST_PG_PORT < <("$BIN/python" -c '
+import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))
+')
+export BALLAST_TEST_REDIS_PORT BALLAST_TEST_PG_PORT
+trap 'scripts/services.sh stop; rm -rf "$services_dir"' EXIT
+eval "$(scripts/services.sh start)"
+
 echo "== pytest"
 set +e
 "$BIN/pytest" -q "$@"

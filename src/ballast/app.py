@@ -14,12 +14,17 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
+from ballast.api.access import Access
+from ballast.api.admin import Admin, Generation
 from ballast.api.asgi import JSON, Receive, Scope, Send, send_bytes, send_error
 from ballast.api.errors import ApiError
+from ballast.api.keys_admin import KeysAdmin
 from ballast.api.openai import OpenAIHandlers
 from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import Settings
+from ballast.observe.hub import Observer
 from ballast.routing.router import Router
+from ballast.state.hub import StateHub
 
 log = logging.getLogger("ballast")
 
@@ -31,17 +36,35 @@ class BallastApp:
         self, settings: Settings, clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None
     ) -> None:
         self.settings = settings
-        self.router = Router(settings, clock, rng)
+        self.clock = clock
+        self.observer = Observer(lambda: self.router.targets.values())
+        self.state = StateHub(settings, clock)
+        self.router = Router(
+            settings,
+            clock,
+            rng,
+            on_event=self.observer.on_event,
+            database=self.state.db,
+            store=self.state.store,
+        )
         self.openai = OpenAIHandlers(self.router, settings.server.max_body_bytes)
         self.ready = False
-        proxy = self.openai.proxy
+        self.config_path: str | None = None  # set when started from a file (enables reload)
+        # A config reload swaps in a new generation; a request runs on the one it began on.
+        self.generation = Generation(1, settings, self.router, self.openai, self.observer)
+        self.admin = Admin(self)
+        KeysAdmin(self.state, settings.server.max_body_bytes).register(self.admin)
         self._post: dict[str, Route] = {
-            "/v1/chat/completions": lambda s, r, w: proxy(s, r, w, "/chat/completions"),
-            "/v1/completions": lambda s, r, w: proxy(s, r, w, "/completions"),
-            "/v1/embeddings": lambda s, r, w: proxy(s, r, w, "/embeddings"),
+            "/v1/chat/completions": lambda s, r, w: self.generation.proxy(
+                s, r, w, "/chat/completions"
+            ),
+            "/v1/completions": lambda s, r, w: self.generation.proxy(s, r, w, "/completions"),
+            "/v1/embeddings": lambda s, r, w: self.generation.proxy(s, r, w, "/embeddings"),
         }
         self._get: dict[str, Route] = {
-            "/v1/models": self.openai.models,
+            "/v1/models": lambda s, r, w: self.openai.models(s, r, w),
+            "/metrics": self.admin.metrics,
+            "/dashboard": self.admin.dashboard,
             "/health": self._health,
             "/health/live": self._live,
             "/health/ready": self._health,
@@ -56,6 +79,9 @@ class BallastApp:
             route = routes.get(path) if routes is not None else None
             if route is not None:
                 await route(scope, receive, send)
+                return
+            if path.startswith("/admin/"):
+                await self.admin.handle(scope, receive, send)
                 return
             await self._not_found(scope, send, path)
         elif kind == "lifespan":
@@ -81,12 +107,24 @@ class BallastApp:
         await send_bytes(send, 200, [JSON], b'{"status":"ok"}')
 
     async def startup(self) -> None:
+        await self.state.start()
+        access = Access(
+            self.settings, self.state.keys, self.state.limiter, self.state.spend, self.clock
+        )
+        await access.start()
+        self.openai.access = access
         await self.router.start()
+        self.observer.metrics.deployments(self.router.targets)
+        self.admin.install_signal_handler()
         self.ready = True
 
     async def shutdown(self) -> None:
         self.ready = False
+        await self.admin.close()
         await self.router.close()
+        if self.openai.access is not None:
+            await self.openai.access.close()
+        await self.state.close()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -110,5 +148,11 @@ def app_from_env() -> BallastApp:
     import os
 
     from ballast.config import load_settings
+    from ballast.observe.logs import setup_logging
 
-    return BallastApp(load_settings(os.environ["BALLAST_CONFIG"]))
+    setup_logging(
+        os.environ.get("BALLAST_LOG_LEVEL", "info"), os.environ.get("BALLAST_LOG_FORMAT", "text")
+    )
+    app = BallastApp(load_settings(os.environ["BALLAST_CONFIG"]))
+    app.config_path = os.environ["BALLAST_CONFIG"]
+    return app

@@ -5,13 +5,19 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 import yaml
 
 from ballast.config import ConfigError, load_settings, masked
+
+if TYPE_CHECKING:
+    from ballast.state.hub import StateHub
+
+T = TypeVar("T")
 
 cli = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Ballast: a self-healing LLM gateway."
@@ -49,12 +55,22 @@ def serve(
     port: Annotated[int | None, typer.Option(help="overrides server.port")] = None,
     workers: Annotated[int, typer.Option(help="worker processes sharing the port")] = 1,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
+    log_format: Annotated[str, typer.Option(help="json (one object a line) or text")] = "text",
+    proxy_headers: Annotated[
+        bool,
+        typer.Option(
+            help="trust X-Forwarded-For/-Proto from a reverse proxy on this host "
+            "(off: requests skip that work)"
+        ),
+    ] = False,
 ) -> None:
     """Run the gateway."""
     import uvicorn
 
+    from ballast.observe import prepare_serve
+
     settings = _load_or_exit(config)
-    _setup_logging(log_level)
+    prepare_serve(log_level, log_format, workers)
     os.environ["BALLAST_CONFIG"] = str(config.resolve())
     uvicorn.run(
         "ballast.app:app_from_env",
@@ -66,6 +82,8 @@ def serve(
         http="httptools",
         lifespan="on",
         access_log=False,
+        proxy_headers=proxy_headers,
+        server_header=False,
         log_level=log_level if log_level != "info" else "warning",
         timeout_keep_alive=30,
     )
@@ -117,6 +135,115 @@ def demo(
     _setup_logging("error")
     code = asyncio.run(run_demo(seconds))
     raise typer.Exit(code)
+
+
+db_cli = typer.Typer(no_args_is_help=True, help="The database: migrations.")
+keys_cli = typer.Typer(no_args_is_help=True, help="Virtual API keys.")
+cli.add_typer(db_cli, name="db")
+cli.add_typer(keys_cli, name="keys")
+
+ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML config file")]
+
+
+def _with_state(config: Path, work: Callable[[StateHub], Awaitable[T]]) -> T:
+    """Run `work(hub)` against the configured database, migrated first."""
+    import asyncio
+
+    from ballast.state.hub import StateHub
+
+    settings = _load_or_exit(config)
+
+    async def run() -> T:
+        hub = StateHub(settings)
+        try:
+            await hub.db.upgrade()
+            return await work(hub)
+        finally:
+            if hub.store is not None:
+                await hub.store.close()
+            await hub.db.close()
+
+    return asyncio.run(run())
+
+
+@db_cli.command("upgrade")
+def db_upgrade(config: ConfigOption) -> None:
+    """Apply every pending migration (the gateway also does this at start-up)."""
+
+    async def work(hub: StateHub) -> Any:
+        return None
+
+    _with_state(config, work)
+    typer.echo("database is up to date")
+
+
+@keys_cli.command("create")
+def keys_create(
+    config: ConfigOption,
+    name: Annotated[str, typer.Option(help="who or what the key is for")],
+    models: Annotated[str | None, typer.Option(help="comma-separated allowed models")] = None,
+    rpm: Annotated[int | None, typer.Option(help="requests per minute")] = None,
+    tpm: Annotated[int | None, typer.Option(help="tokens per minute")] = None,
+    max_parallel: Annotated[int | None, typer.Option(help="parallel requests")] = None,
+    budget: Annotated[float | None, typer.Option(help="dollars per budget period")] = None,
+    budget_period: Annotated[str, typer.Option(help="day, month or total")] = "month",
+    expires_in_days: Annotated[float | None, typer.Option(help="expiry from now")] = None,
+    max_jobs: Annotated[int | None, typer.Option(help="concurrent GPU jobs")] = None,
+) -> None:
+    """Create a key; it is printed once and stored only as a hash."""
+    import time
+
+    from ballast.api.errors import ApiError
+    from ballast.api.keys_admin import key_options
+
+    data = {
+        "name": name,
+        "models": [m.strip() for m in models.split(",") if m.strip()] if models else None,
+        "rpm": rpm,
+        "tpm": tpm,
+        "max_parallel": max_parallel,
+        "budget": budget,
+        "budget_period": budget_period,
+        "expires_at": time.time() + expires_in_days * 86400 if expires_in_days else None,
+        "max_concurrent_jobs": max_jobs,
+    }
+    try:
+        options = key_options(data)
+    except ApiError as error:
+        typer.echo(error.message, err=True)
+        raise typer.Exit(2) from None
+
+    async def work(hub: StateHub) -> Any:
+        return await hub.keys.create(**options)
+
+    plaintext, record = _with_state(config, work)
+    typer.echo(f"id:  {record.id}\nkey: {plaintext}\n(store it now: it is not shown again)")
+
+
+@keys_cli.command("list")
+def keys_list(config: ConfigOption) -> None:
+    """List keys (never the keys themselves)."""
+
+    async def work(hub: StateHub) -> Any:
+        return await hub.keys.list()
+
+    for record in _with_state(config, work):
+        state = "revoked" if record.revoked else "active"
+        models = ",".join(record.models) if record.models is not None else "*"
+        typer.echo(f"{record.id}  {state:7}  {record.name}  models={models}")
+
+
+@keys_cli.command("revoke")
+def keys_revoke(config: ConfigOption, key_id: Annotated[str, typer.Argument()]) -> None:
+    """Revoke a key by id."""
+
+    async def work(hub: StateHub) -> Any:
+        return await hub.keys.revoke(key_id)
+
+    if not _with_state(config, work):
+        typer.echo(f"no key with id {key_id}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"revoked {key_id}")
 
 
 def main() -> None:

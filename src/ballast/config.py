@@ -86,12 +86,21 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
+    master_key: SecretStr | None = Field(None, description="admin API; also a full-access key")
+    dashboard_token: SecretStr | None = Field(None, description="read-only dashboard access")
 
 
 class UpstreamSettings(_Strict):
     pool_size: int = Field(256, ge=1, description="connections per deployment (a bulkhead)")
     keepalive_timeout: float = Field(60.0, gt=0)
     warm_connections: int = Field(1, ge=0, description="connections opened per deployment at start")
+
+
+class ModelPrice(_Strict):
+    """Dollars per million tokens."""
+
+    input: float = Field(0.0, ge=0)
+    output: float = Field(0.0, ge=0)
 
 
 class BreakerSettings(_Strict):
@@ -129,9 +138,25 @@ class RoutingSettings(_Strict):
     breaker: BreakerSettings = BreakerSettings()
 
 
+class RedisBreakerSettings(_Strict):
+    """Seed 003: a slow Redis is worse than a dead one. After `failure_threshold` failed
+    calls every use takes its local fallback at once; one probe after `recovery_timeout`."""
+
+    failure_threshold: int = Field(5, ge=1)
+    recovery_timeout: float = Field(60.0, gt=0)
+    probe_timeout: float = Field(5.0, gt=0)
+
+
 class StateSettings(_Strict):
     redis_url: str | None = None
     database_url: str = "sqlite+aiosqlite:///ballast.db"
+    redis_timeout: float = Field(0.05, gt=0, description="per Redis call")
+    redis_breaker: RedisBreakerSettings = RedisBreakerSettings()
+    database_timeout: float = Field(5.0, gt=0)
+    key_cache_ttl: float = Field(30.0, ge=0, description="how long a looked-up key is trusted")
+    instances: int = Field(1, ge=1, description="gateways sharing the limits (local fallback)")
+    spend_flush_interval: float = Field(1.0, gt=0)
+    spend_journal: str = "ballast-spend.journal"
 
 
 class Settings(_Strict):
@@ -140,6 +165,9 @@ class Settings(_Strict):
     upstream: UpstreamSettings = UpstreamSettings()
     routing: RoutingSettings = RoutingSettings()
     state: StateSettings = StateSettings()
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=dict, description="per model name as upstreams report it"
+    )
     models: list[ModelGroup] = Field(min_length=1)
 
     @field_validator("models")
@@ -204,11 +232,36 @@ def _join_dot(out: str, part: str) -> str:
     return f".{part}" if out else part
 
 
+_ENV_OVERRIDES = {
+    "BALLAST_REDIS_BREAKER_FAILURE_THRESHOLD": ("state", "redis_breaker", "failure_threshold"),
+    "BALLAST_REDIS_BREAKER_RECOVERY_TIMEOUT": ("state", "redis_breaker", "recovery_timeout"),
+    "BALLAST_REDIS_URL": ("state", "redis_url"),
+    "BALLAST_DATABASE_URL": ("state", "database_url"),
+}
+
+
+def _apply_env_overrides(data: dict[str, Any], environ: dict[str, str]) -> None:
+    for name, path in _ENV_OVERRIDES.items():
+        value = environ.get(name)
+        if not value:
+            continue
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[path[-1]] = value
+
+
 def parse_settings(data: Any, environ: dict[str, str] | None = None) -> Settings:
     """Validate a parsed YAML tree; every problem is reported with its path."""
     if not isinstance(data, dict):
         raise ConfigError(["(root): expected a mapping with at least a 'models' list"])
-    expanded = expand_env(data, dict(os.environ) if environ is None else environ)
+    env = dict(os.environ) if environ is None else environ
+    expanded = expand_env(data, env)
+    _apply_env_overrides(expanded, env)
     try:
         return Settings.model_validate(expanded)
     except ValidationError as exc:
@@ -241,6 +294,9 @@ def masked(settings: Settings) -> dict[str, Any]:
             for name in list(dep.get("headers", {})):
                 if name.lower() in {"authorization", "api-key", "x-api-key"}:
                     dep["headers"][name] = "****"
+    for key in ("master_key", "dashboard_token"):
+        if data["server"].get(key):
+            data["server"][key] = "****"
     for key in ("redis_url", "database_url"):
         url = data["state"].get(key)
         if url:

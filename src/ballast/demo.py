@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import socket
 import statistics
 import time
@@ -151,8 +152,12 @@ async def _stats(
     return out
 
 
-async def run_demo(seconds: float = 40.0, console: Console | None = None) -> int:
+async def run_demo(
+    seconds: float = 40.0, console: Console | None = None, dashboard_token: str | None = None
+) -> int:
     console = console or Console()
+    # The demo has no master key; a fresh read-only token opens its dashboard.
+    token = dashboard_token or secrets.token_urlsafe(16)
     healthy = SCHEDULE[0][2]
     sims = {
         "a": await start_sim(default=healthy, name="a"),
@@ -160,6 +165,7 @@ async def run_demo(seconds: float = 40.0, console: Console | None = None) -> int
     }
     settings = parse_settings(
         {
+            "server": {"dashboard_token": token},
             "timeouts": {"first_token": 1.0, "inter_chunk": 0.5, "answer": 1.5},
             "routing": {
                 "breaker": {"failure_threshold": 3, "open_time": 1.0, "max_open_time": 3.0}
@@ -182,7 +188,7 @@ async def run_demo(seconds: float = 40.0, console: Console | None = None) -> int
     )
     app = BallastApp(settings)
     tally = Tally()
-    app.router.on_event = lambda name, fields: tally.events.update([name])
+    app.observer.listeners.append(lambda name, fields: tally.events.update([name]))
     server, task, port = await _serve(app)
     client = openai.AsyncOpenAI(
         base_url=f"http://127.0.0.1:{port}/v1",
@@ -193,6 +199,9 @@ async def run_demo(seconds: float = 40.0, console: Console | None = None) -> int
     console.print(
         f"Gateway on http://127.0.0.1:{port}/v1, upstreams a={sims['a'].url} "
         f"b={sims['b'].url}. Running {seconds:.0f}s of mixed traffic with faults."
+    )
+    console.print(
+        f"Live dashboard: http://127.0.0.1:{port}/dashboard?token={token}", soft_wrap=True
     )
     began = time.monotonic()
     stop = began + seconds

@@ -74,19 +74,35 @@ async def send_error(send: Send, error: ApiError, extra: list[tuple[bytes, bytes
     await send_bytes(send, error.status, [JSON, *error.headers, *extra], error.body())
 
 
+# A request still in flight after this long gets a task that waits for the client to go away.
+# Most answers finish sooner, and then cost one timer instead of a task (and its cancellation).
+WATCH_AFTER = 0.05
+
+
 class DisconnectWatch:
     """Cancels the handler's task when the client disconnects, so an upstream request made
-    for nobody is dropped at once (no tokens generated for nobody)."""
+    for nobody is dropped at once (no tokens generated for nobody). The watching task starts
+    only after `delay` seconds, so a quick answer never pays for one."""
 
-    __slots__ = ("_stopped", "_task", "_watcher", "fired")
+    __slots__ = ("_receive", "_stopped", "_task", "_timer", "_watcher", "fired")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, delay: float = WATCH_AFTER) -> None:
         self.fired = False
         self._stopped = False
+        self._receive = receive
         self._task = asyncio.current_task()
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        self._watcher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            delay, self._start
+        )
 
-    async def _watch(self, receive: Receive) -> None:
+    def _start(self) -> None:
+        self._timer = None
+        if not self._stopped:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        receive = self._receive
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -99,4 +115,8 @@ class DisconnectWatch:
 
     def stop(self) -> None:
         self._stopped = True
-        self._watcher.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._watcher is not None:
+            self._watcher.cancel()

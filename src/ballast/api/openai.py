@@ -8,7 +8,7 @@ import hashlib
 import itertools
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -30,6 +30,9 @@ from ballast.api.errors import ApiError, bad_request, from_failure, model_not_fo
 from ballast.routing.classify import Failure
 from ballast.routing.relay import Relay
 from ballast.routing.router import ProxyRequest, Router, is_passthrough
+
+if TYPE_CHECKING:
+    from ballast.api.access import Access, Ticket
 
 log = logging.getLogger("ballast.api")
 
@@ -80,29 +83,75 @@ def parse_request(path: str, body: bytes) -> ProxyRequest:
     return ProxyRequest(path, payload, body, model, stream, fallbacks=fallbacks)
 
 
+def ask_for_usage(request: ProxyRequest) -> bool:
+    """Streams must report usage for accounting. When the client did not ask for it, ask the
+    upstream anyway and return True: the relay then strips the usage chunk."""
+    options = request.payload.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage"):
+        return False
+    request.payload["stream_options"] = {
+        **(options if isinstance(options, dict) else {}),
+        "include_usage": True,
+    }
+    request.raw = orjson.dumps(request.payload)
+    return True
+
+
 class OpenAIHandlers:
     def __init__(self, router: Router, max_body_bytes: int) -> None:
         self.router = router
         self.max_body_bytes = max_body_bytes
+        self.access: Access | None = None  # set once state is ready at start-up
 
     async def proxy(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         rid = request_id(scope)
         extra = [(b"x-request-id", rid)]
         watch: DisconnectWatch | None = None
+        access = self.access
+        ticket: Ticket | None = None
+        settled = False
+        strip_usage = False
         try:
             body = await read_body(scope, receive, self.max_body_bytes)
             request = parse_request(path, body)
             request.request_id = rid.decode("latin-1")
             request.credential = credential_id(scope)
+            scope["ballast.request"] = request  # read by the request log and metrics
             group = self.router.resolve(request.model)
             if group is None:
                 raise model_not_found(request.model)
+            if access is not None:
+                ticket = await access.admit(scope, request)
+                if ticket is not None:
+                    if ticket.lease is not None:
+                        extra.extend(ticket.lease.headers)
+                    strip_usage = request.stream and ask_for_usage(request)
             watch = DisconnectWatch(receive)
             if request.stream:
-                await self._stream(request, group, send, extra, watch)
+                relay = await self._stream(
+                    request, group, send, extra, watch, ticket is not None and strip_usage
+                )
+                if access is not None and relay is not None:
+                    settled = True
+                    access.settle(
+                        ticket,
+                        relay.model or request.model,
+                        relay.stream.state.usage,
+                        relay.deployment,
+                    )
             else:
                 reply = await self.router.complete(request, group)
                 watch.stop()
+                if access is not None:
+                    settled = True
+                    payload = reply.payload if isinstance(reply.payload, dict) else {}
+                    model = payload.get("model")
+                    access.settle(
+                        ticket,
+                        model if isinstance(model, str) else request.model,
+                        payload.get("usage"),
+                        None,
+                    )
                 headers = list(reply.headers)
                 if not any(k == b"content-type" for k, _ in headers):
                     headers.append(JSON)
@@ -134,6 +183,9 @@ class OpenAIHandlers:
             if task is not None:
                 task.uncancel()
             log.info("client went away; upstream request %s dropped", rid.decode("latin-1"))
+        finally:
+            if ticket is not None and not settled and access is not None:
+                access.settle(ticket, "", None, None)  # frees the parallel slot
 
     async def _stream(
         self,
@@ -142,19 +194,27 @@ class OpenAIHandlers:
         send: Send,
         extra: list[tuple[bytes, bytes]],
         watch: DisconnectWatch,
-    ) -> None:
+        strip_usage: bool = False,
+    ) -> Relay:
         target, stream, held, attempted = await self.router.open(request, group)
         relay = Relay(self.router, request, group, target, stream, held, attempted)
+        relay.strip_usage = strip_usage
         try:
             headers = [EVENT_STREAM, NO_CACHE, (b"x-ballast-deployment", target.id.encode())]
             headers.extend(extra)
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             async for chunk in relay.events():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            watch.stop()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if relay.ending:  # the last piece ends the response with it: one send less
+                    watch.stop()
+                await send(
+                    {"type": "http.response.body", "body": chunk, "more_body": not relay.ending}
+                )
+            if not relay.ending:
+                watch.stop()
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             relay.close()
+        return relay
 
     async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
         data = [

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from ballast.clock import SYSTEM_CLOCK, Clock
 
@@ -40,6 +41,18 @@ class HandleUnavailable(Exception):
 
 
 CreateHandle = Callable[[Key, str | None], Awaitable[Handle]]
+
+
+class SharedSource(Protocol):
+    async def obtain(
+        self,
+        key: Key,
+        stale: Handle | None,
+        create: Callable[[], Awaitable[Handle]],
+        usable: Callable[[Handle], bool],
+    ) -> Handle: ...
+
+
 ReleaseHandle = Callable[[Handle], Awaitable[None]]
 
 
@@ -74,6 +87,7 @@ class HandleCache:
         self._background: set[asyncio.Task[None]] = set()
         self._lifetimes: dict[str, float] = {}  # run id -> token life when it was issued
         self.stats = HandleStats()
+        self.shared: SharedSource | None = None  # handles shared across instances (Redis)
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -126,7 +140,7 @@ class HandleCache:
 
     async def _make(self, key: Key, stale: Handle | None, flight: asyncio.Future[Handle]) -> None:
         try:
-            handle = await self._create(key, self._sessions.get(key))
+            handle = await self._obtain(key, stale)
         except Exception as exc:
             if self._handles.get(key) is stale and stale is not None:
                 del self._handles[key]  # never leave a handle we know to be bad
@@ -151,6 +165,23 @@ class HandleCache:
             flight.set_result(handle)
         finally:
             self._flights.pop(key, None)
+
+    async def _obtain(self, key: Key, stale: Handle | None) -> Handle:
+        """Adopt a handle another instance made, or make one; locally when sharing fails."""
+
+        async def create() -> Handle:
+            return await self._create(key, self._sessions.get(key))
+
+        if self.shared is not None:
+            try:
+                return await self.shared.obtain(key, stale, create, self._fresh)
+            except HandleUnavailable:
+                raise
+            except Exception as exc:
+                log.info(
+                    "shared handles unavailable (%s); using the local cache", type(exc).__name__
+                )
+        return await create()
 
     def _retire(self, handle: Handle) -> None:
         """Release a replaced handle's remote resource, best effort, off the request path."""

@@ -80,6 +80,20 @@ class _Splice:
         return event
 
 
+def _is_usage_only(event: bytes) -> bool:
+    """The final usage chunk (`choices: []` with `usage`), which clients get only on request."""
+    if b'"usage"' not in event or b'"choices"' not in event:
+        return False
+    data = event_data(event.rstrip(b"\n"))
+    if data is None or data == b"[DONE]":
+        return False
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(payload, dict) and payload.get("choices") == [] and "usage" in payload
+
+
 class _Diverged(Exception):
     pass
 
@@ -100,18 +114,33 @@ class Relay:
         self.group = group
         self.target = target
         self.stream = stream
-        self.headers = stream.headers
+        self._opened = stream
         self.attempted = attempted
         self.continuations = 0
         self._held = held
         self._splice: _Splice | None = None
+        # Usage was asked of the upstream for accounting, not by the client: keep it from them.
+        self.strip_usage = False
         self._client_text = ""  # text relayed before the current stream began
         self._live = True  # the current attempt still counts as in flight
         self._original: Failure | None = None
+        # True while the piece just yielded is the stream's last: it may end the response.
+        self.ending = False
+
+    @property
+    def headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        """The first upstream's response headers a client may see."""
+        return self._opened.headers
 
     @property
     def deployment(self) -> str:
         return self.target.id
+
+    @property
+    def model(self) -> str:
+        """The model that answered, as the deployment knows it (for pricing)."""
+        upstream = self.target.deployment.model
+        return upstream if upstream and upstream != "*" else self.request.model
 
     async def events(self) -> AsyncIterator[bytes]:
         """Wire bytes for the client, each piece made of whole SSE events."""
@@ -125,9 +154,11 @@ class Relay:
                     except _Diverged:
                         self._end(ok=False)
                         original = self._original or Failure(classify.STREAM_CUT, "diverged")
+                        self.ending = True
                         yield error_event(original, "the continuation diverged from the answer")
                         return
                     if out:
+                        self.ending = self.stream.state.done
                         yield out
                 if self.stream.state.done:
                     self._end(ok=True)
@@ -139,6 +170,7 @@ class Relay:
                     self._original = self._original or failure
                     recovered = await self._continue(failure)
                     if recovered is None:
+                        self.ending = True
                         yield error_event(self._original, self._detail(self._original))
                         return
                     pending = recovered
@@ -146,6 +178,8 @@ class Relay:
             self.close()
 
     def _filter(self, events: list[bytes]) -> bytes:
+        if self.strip_usage:
+            events = [e for e in events if not _is_usage_only(e)]
         if self._splice is None:
             return b"".join(events)
         out = []

@@ -27,7 +27,10 @@ from ballast.routing.budget import RetryBudget, backoff_delay
 from ballast.routing.classify import Action, Failure
 from ballast.routing.handles import HandleCache, HandleUnavailable
 from ballast.routing.health import DeploymentHealth, choose
-from ballast.state.sessions import SessionStore, sqlite_path
+from ballast.state.db import Database
+from ballast.state.sessions import SessionStore
+from ballast.state.shared_handles import SharedHandles
+from ballast.state.store import RedisStore
 from ballast.upstream.actor import ActorRuns
 from ballast.upstream.client import Route, Upstream
 from ballast.upstream.exchange import Reply, UpstreamStream, fetch, open_stream
@@ -49,6 +52,7 @@ class ProxyRequest:
     request_id: str | None = None
     fallbacks: tuple[str, ...] = ()
     credential: str = "anonymous"  # who is asking: remote resources are kept per credential
+    attempted: Attempted | None = None  # set when routing starts (logs and metrics read it)
 
 
 @dataclass(slots=True)
@@ -76,6 +80,7 @@ class Attempted:
     count: int = 0
     excluded: set[str] = field(default_factory=set)
     failures: list[Failure] = field(default_factory=list)
+    deployment: str | None = None  # the one tried last
 
 
 class Router:
@@ -85,6 +90,8 @@ class Router:
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        database: Database | None = None,
+        store: RedisStore | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -111,7 +118,9 @@ class Router:
         self._by_group: dict[str, list[Target]] = {}
         self._exact: dict[str, ModelGroup] = {}
         self._wildcards: list[ModelGroup] = []
-        self.sessions = SessionStore(sqlite_path(settings.state.database_url))
+        self.database = database or Database(settings.state.database_url)
+        self.store = store
+        self.sessions = SessionStore(self.database)
         for group in settings.models:
             if group.is_wildcard:
                 self._wildcards.append(group)
@@ -134,6 +143,8 @@ class Router:
                         clock,
                         refresh_margin=routing.handle_refresh_margin,
                     )
+                    if store is not None:
+                        target.handles.shared = SharedHandles(store, dep.id, clock)
                 self.targets[dep.id] = target
                 members.append(target)
             self._by_group[group.name] = members
@@ -151,7 +162,6 @@ class Router:
             if target.handles is not None:
                 await target.handles.close()
             await target.upstream.close()
-        self.sessions.close()
 
     def _on_transition(self, name: str, old: Any, new: Any) -> None:
         log.warning("breaker %s: %s -> %s", name, old.value, new.value)
@@ -220,6 +230,7 @@ class Router:
         """Try deployments until one answers; raise the Failure the client should see."""
         routing = self.settings.routing
         state = Attempted(self.clock.monotonic() + self.settings.timeouts.request)
+        request.attempted = state
         self.budget.record_request()
         chain = self._chain(request, primary)
         index = 0
@@ -300,6 +311,7 @@ class Router:
                 tried_this_round = True
                 tried += 1
                 state.count += 1
+                state.deployment = target.id
                 if state.count > 1:
                     self.on_event("retry", {"deployment": target.id, "attempt": state.count})
                 try:

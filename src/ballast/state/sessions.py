@@ -4,55 +4,21 @@ new run so the remote keeps its session state across run replacements."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Callable
-from pathlib import Path
 
+import sqlalchemy as sa
 
-def sqlite_path(database_url: str) -> str | None:
-    """The file behind a `sqlite...:///path` URL; None for other databases."""
-    if not database_url.startswith("sqlite"):
-        return None
-    _, _, rest = database_url.partition(":///")
-    return rest or ":memory:"
+from ballast.state.db import Database
+from ballast.state.schema import service_sessions
 
 
 class SessionStore:
-    """SQLite-backed; calls run in a worker thread and only when a run is created."""
+    """Database-backed; asked only when a run is created, never per request."""
 
-    def __init__(self, path: str | None) -> None:
-        self._path = path or ":memory:"
+    def __init__(self, db: Database) -> None:
+        self.db = db
         self._memory: dict[tuple[str, str], str] = {}
         self._lock = asyncio.Lock()
-        self._db: sqlite3.Connection | None = None
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._db is None:
-            if self._path != ":memory:":
-                Path(self._path).parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self._path, check_same_thread=False)
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS service_sessions ("
-                "credential TEXT NOT NULL, model TEXT NOT NULL, session_id TEXT NOT NULL, "
-                "PRIMARY KEY (credential, model))"
-            )
-            db.commit()
-            self._db = db
-        return self._db
-
-    def _get_or_create(self, credential: str, model: str, new_id: str) -> str:
-        db = self._connect()
-        db.execute(
-            "INSERT OR IGNORE INTO service_sessions (credential, model, session_id) "
-            "VALUES (?, ?, ?)",
-            (credential, model, new_id),
-        )
-        db.commit()
-        row = db.execute(
-            "SELECT session_id FROM service_sessions WHERE credential = ? AND model = ?",
-            (credential, model),
-        ).fetchone()
-        return str(row[0])
 
     async def get_or_create(self, credential: str, model: str, make_id: Callable[[], str]) -> str:
         key = (credential, model)
@@ -60,11 +26,30 @@ class SessionStore:
         if known is not None:
             return known
         async with self._lock:
-            session_id = await asyncio.to_thread(self._get_or_create, credential, model, make_id())
-        self._memory[key] = session_id
-        return session_id
+            known = self._memory.get(key)
+            if known is None:
+                known = await self._get_or_create(credential, model, make_id())
+                self._memory[key] = known
+        return known
 
-    def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+    async def _get_or_create(self, credential: str, model: str, new_id: str) -> str:
+        where = (service_sessions.c.credential == credential) & (service_sessions.c.model == model)
+        async with self.db.begin() as connection:
+            row = (
+                await connection.execute(sa.select(service_sessions.c.session_id).where(where))
+            ).first()
+            if row is not None:
+                return str(row.session_id)
+            try:
+                await connection.execute(
+                    service_sessions.insert().values(
+                        credential=credential, model=model, session_id=new_id
+                    )
+                )
+            except sa.exc.IntegrityError:
+                pass
+        async with self.db.connect() as connection:
+            row = (
+                await connection.execute(sa.select(service_sessions.c.session_id).where(where))
+            ).first()
+        return str(row.session_id) if row is not None else new_id

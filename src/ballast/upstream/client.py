@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
+from multidict import CIMultiDict
 
 from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.routing import classify
@@ -38,13 +39,28 @@ _HOP_BY_HOP = frozenset(
 )
 
 
+# Raw upstream header name -> the lower-cased name a client may see, or None to drop it.
+# Upstreams send the same few names over and over: each is judged once.
+_RELAYED: dict[bytes, bytes | None] = {}
+
+
+def _relayed_name(name: bytes) -> bytes | None:
+    lowered = name.lower()
+    keep = None if lowered.decode("latin-1") in _HOP_BY_HOP else lowered
+    if len(_RELAYED) < 1024:
+        _RELAYED[name] = keep
+    return keep
+
+
 def relay_headers(response: aiohttp.ClientResponse) -> tuple[tuple[bytes, bytes], ...]:
     """Upstream headers a client may see."""
-    return tuple(
-        (name.lower(), value)
-        for name, value in response.raw_headers
-        if name.decode("latin-1").lower() not in _HOP_BY_HOP
-    )
+    out = []
+    cache = _RELAYED
+    for name, value in response.raw_headers:
+        keep = cache[name] if name in cache else _relayed_name(name)
+        if keep is not None:
+            out.append((keep, value))
+    return tuple(out)
 
 
 class Route(NamedTuple):
@@ -83,8 +99,13 @@ class Upstream:
             ttl_dns_cache=300,
             family=socket.AF_UNSPEC,
         )
+        # The fixed headers are the session's defaults, so a request adds only its own.
+        fixed: CIMultiDict[str] = CIMultiDict()
+        for name, value in self._headers.items():
+            fixed[name] = value  # a later spelling of a name replaces an earlier one
         self._session = aiohttp.ClientSession(
             connector=connector,
+            headers=fixed,
             timeout=self._timeout,
             auto_decompress=True,
             skip_auto_headers=("User-Agent",),
@@ -120,13 +141,16 @@ class Upstream:
         session = self._session
         if session is None:
             raise Failure(classify.CONNECT, "deployment is not started", deployment=self.id)
-        headers = self._headers
+        headers: dict[str, str] | None = None
         base = self.base_url
         if route is not None:
             base = route.base_url
-            headers = {**headers, "authorization": f"Bearer {route.token}"}
+            headers = {"authorization": f"Bearer {route.token}"}
         if request_id is not None:
-            headers = {**headers, "x-request-id": request_id}
+            if headers is None:
+                headers = {"x-request-id": request_id}
+            else:
+                headers["x-request-id"] = request_id
         try:
             return await session.post(base + path, data=body, headers=headers)
         except aiohttp.ConnectionTimeoutError:
@@ -147,9 +171,7 @@ class Upstream:
         budget = self.timeouts.first_token
         try:
             async with asyncio.timeout(budget):
-                async with self._session.request(
-                    method, url, json=payload, headers=self._headers
-                ) as response:
+                async with self._session.request(method, url, json=payload) as response:
                     raw = await response.read()
         except TimeoutError:
             raise Failure(

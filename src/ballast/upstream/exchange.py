@@ -29,6 +29,36 @@ class Reply:
     payload: object  # the parsed body of a 2xx answer (usage, model)
 
 
+class _Deadline:
+    """`asyncio.timeout_at` for the hot path, as a plain context manager with one timer:
+    TimeoutError when `when` (loop time) passes inside the block. A cancellation from
+    elsewhere (the client went away) passes through untouched, as with asyncio's."""
+
+    __slots__ = ("_cancelling", "_fired", "_handle", "_task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a deadline needs a task")
+        self._task = task
+        self._fired = False
+        self._cancelling = task.cancelling()
+        self._handle = loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._fired = True
+        self._task.cancel()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        self._handle.cancel()
+        if self._fired and self._task.uncancel() <= self._cancelling:
+            if exc_type is asyncio.CancelledError:
+                raise TimeoutError
+
+
 def _retry_after(response: aiohttp.ClientResponse, clock: Clock) -> float | None:
     value = response.headers.get("retry-after-ms")
     if value is not None:
@@ -66,8 +96,9 @@ async def fetch(
     budget = min(deadline - clock.monotonic(), upstream.timeouts.answer)
     if budget <= 0:
         raise Failure(classify.REQUEST_TIMEOUT, "request deadline passed", deployment=upstream.id)
+    loop = asyncio.get_running_loop()
     try:
-        async with asyncio.timeout(budget):
+        with _Deadline(loop, loop.time() + budget):
             response = await upstream.post(path, body, request_id, route)
             if response.status >= 300:
                 raise await _failure_from(response, upstream, clock)
@@ -106,7 +137,6 @@ class UpstreamStream:
     def __init__(self, upstream: Upstream, response: aiohttp.ClientResponse, clock: Clock) -> None:
         self.upstream = upstream
         self.response = response
-        self.headers = relay_headers(response)
         self.state = StreamState()
         self._clock = clock
         self._splitter = SseSplitter()
@@ -120,19 +150,29 @@ class UpstreamStream:
     def exhausted(self) -> bool:
         return self._eof
 
+    @property
+    def headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        """The upstream's response headers a client may see."""
+        return relay_headers(self.response)
+
     async def next_events(self, deadline: float | None = None) -> list[bytes]:
         """Read until at least one data event is ready; [] once the stream has ended properly.
-        `deadline` (loop time) overrides the inter-chunk clock, e.g. for the first token."""
+        The wait for it runs on one clock: the inter-chunk timeout, or `deadline` (loop time)
+        when given, e.g. for the first token."""
         if self._eof:
             return []
-        loop = asyncio.get_running_loop()
-        if deadline is None:
-            deadline = loop.time() + self._inter_chunk
+        content = self.response.content
         out: list[bytes] = []
         while not out:
             try:
-                async with asyncio.timeout_at(deadline):
-                    chunk = await self.response.content.readany()
+                # Data already buffered needs no clock; waiting for more runs on one.
+                chunk = content.read_nowait()
+                if not chunk and not content.at_eof():
+                    loop = asyncio.get_running_loop()
+                    if deadline is None:
+                        deadline = loop.time() + self._inter_chunk
+                    with _Deadline(loop, deadline):
+                        chunk = await content.readany()
             except TimeoutError:
                 raise Failure(
                     classify.INTER_CHUNK_TIMEOUT
@@ -159,22 +199,29 @@ class UpstreamStream:
 
     def _take(self, event: bytes) -> bool:
         """Record one event; False for events that must not reach the client."""
-        data = event_data(event)
-        if data is None:
-            return False
-        if data == b"[DONE]":
+        if event.startswith(b"data:") and b"\n" not in event:
+            data = event[5:]  # the usual one-line event; JSON may keep its leading space
+        else:
+            found = event_data(event)
+            if found is None:
+                return False
+            data = found
+        if b"[DONE]" in data and data.strip() == b"[DONE]":
             self.state.done = True
             return True
         try:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
-            self.state.malformed += 1
-            return False
+            try:
+                payload = orjson.loads(data.strip())
+            except orjson.JSONDecodeError:
+                self.state.malformed += 1
+                return False
         if isinstance(payload, dict) and "error" in payload and "choices" not in payload:
             raise Failure(
                 classify.SERVER_ERROR,
                 "upstream sent an error event mid-stream",
-                body=data,
+                body=data.strip(),
                 deployment=self.upstream.id,
             )
         self.state.observe(payload)
@@ -223,7 +270,7 @@ async def open_stream(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + upstream.timeouts.first_token
     try:
-        async with asyncio.timeout_at(deadline):
+        with _Deadline(loop, deadline):
             response = await upstream.post(path, body, request_id, route)
     except TimeoutError:
         raise Failure(

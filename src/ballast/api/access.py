@@ -1,0 +1,215 @@
+"""Who may ask, for what, and how much: keys, model allowlists, budgets and rate limits before
+a request is routed; usage and spend after it answered."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ballast.api.asgi import Scope, header
+from ballast.api.errors import ApiError
+from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.config import Settings
+from ballast.routing.router import ProxyRequest
+from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
+from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter
+from ballast.state.spend import SpendEvent, SpendRecorder, cost_of, period_of
+
+log = logging.getLogger("ballast.access")
+
+MASTER = KeyRecord(id="master", name="master key")
+DEFAULT_COMPLETION_ESTIMATE = 256
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One admitted request: the key it runs under and what it holds."""
+
+    key: KeyRecord
+    lease: Lease | None
+    estimated_tokens: int
+
+
+def invalid_key(message: str = "Incorrect API key provided.") -> ApiError:
+    return ApiError(401, message, "invalid_request_error", "invalid_api_key")
+
+
+def bearer(scope: Scope) -> str | None:
+    value = header(scope, b"authorization")
+    if value is None:
+        value = header(scope, b"api-key")
+        return value.decode("latin-1").strip() if value else None
+    text = value.decode("latin-1").strip()
+    if text[:7].lower() != "bearer ":
+        return None
+    return text[7:].strip() or None
+
+
+def estimate_tokens(request: ProxyRequest) -> int:
+    """Up-front TPM estimate: the prompt's bytes / 4 plus the completion asked for."""
+    payload = request.payload
+    completion = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    if not isinstance(completion, int) or completion <= 0:
+        completion = DEFAULT_COMPLETION_ESTIMATE if request.path != "/embeddings" else 0
+    return len(request.raw) // 4 + min(completion, 32_768)
+
+
+class Access:
+    def __init__(
+        self,
+        settings: Settings,
+        keys: KeyService,
+        limiter: RateLimiter,
+        spend: SpendRecorder,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        master = settings.server.master_key
+        self._master = master.get_secret_value().encode() if master is not None else None
+        self.keys = keys
+        self.limiter = limiter
+        self.spend = spend
+        self.clock = clock
+        self.prices = settings.prices
+        self.enabled = self._master is not None
+        self._budget_cache: dict[tuple[str, str], tuple[float, float]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        if not self.enabled:
+            self.enabled = await self.keys.count() > 0
+        if not self.enabled:
+            log.warning(
+                "NO MASTER KEY AND NO API KEYS: Ballast is running OPEN; anyone who can reach "
+                "it can use every model. Set server.master_key and create keys."
+            )
+
+    def is_master(self, token: str | None) -> bool:
+        return (
+            self._master is not None
+            and token is not None
+            and hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self._master)
+        )
+
+    async def authenticate(self, scope: Scope) -> KeyRecord:
+        token = bearer(scope)
+        if token is None:
+            raise invalid_key("You didn't provide an API key (Authorization: Bearer <key>).")
+        if self.is_master(token):
+            return MASTER
+        try:
+            record = await self.keys.lookup(token)
+        except KeysUnavailable:
+            raise ApiError(
+                503,
+                "Keys cannot be verified right now; retry shortly.",
+                "api_error",
+                "auth_unavailable",
+                headers=((b"retry-after", b"2"),),
+            ) from None
+        if record is None or record.revoked:
+            raise invalid_key()
+        if record.expires_at is not None and record.expires_at <= self.clock.time():
+            raise invalid_key("This API key has expired.")
+        return record
+
+    async def admit(self, scope: Scope, request: ProxyRequest) -> Ticket | None:
+        """Checks before routing; None when Ballast runs open."""
+        if not self.enabled:
+            return None
+        key = await self.authenticate(scope)
+        if not key.allows(request.model):
+            raise ApiError(
+                403,
+                f"This key may not use the model '{request.model[:200]}'.",
+                "invalid_request_error",
+                "model_not_allowed",
+                "model",
+            )
+        if key.budget is not None:
+            spent = await self._spent(key)
+            if spent >= key.budget:
+                raise ApiError(
+                    429,
+                    f"This key has used its {key.budget_period} budget.",
+                    "insufficient_quota",
+                    "insufficient_quota",
+                )
+        estimated = estimate_tokens(request)
+        lease = None
+        if key.rpm is not None or key.tpm is not None or key.max_parallel is not None:
+            limits = Limits(key.id, key.rpm, key.tpm, key.max_parallel)
+            try:
+                lease = await self.limiter.acquire(limits, estimated)
+            except RateLimited as limited:
+                retry = str(max(1, round(limited.retry_after))).encode()
+                raise ApiError(
+                    429,
+                    f"Rate limit reached for {limited.reason} on this key.",
+                    "rate_limit_error",
+                    "rate_limit_exceeded",
+                    headers=((b"retry-after", retry), *limited.headers),
+                ) from None
+        return Ticket(key, lease, estimated)
+
+    async def _spent(self, key: KeyRecord) -> float:
+        """The period's spend, asked of the shared counter at most once a second per key."""
+        period = period_of(key.budget_period, self.clock.time())
+        cache_key = (key.id, period)
+        cached = self._budget_cache.get(cache_key)
+        now = self.clock.monotonic()
+        if cached is not None and cached[1] > now:
+            return cached[0] + self.spend.unflushed(key.id, period)
+        try:
+            spent = await self.spend.key_spend(key.id, period)
+        except Exception:
+            log.warning("spend unavailable for a budget check; using the last known figure")
+            return (cached[0] if cached else 0.0) + self.spend.unflushed(key.id, period)
+        self._budget_cache[cache_key] = (spent, now + 1.0)
+        return spent
+
+    def settle(
+        self,
+        ticket: Ticket | None,
+        model: str,
+        usage: Any,
+        deployment: str | None,
+        cached: bool = False,
+    ) -> None:
+        """After the answer: reconcile the token estimate and record spend (off the path)."""
+        if ticket is None:
+            return
+        prompt = completion = 0
+        if isinstance(usage, dict):
+            prompt = int(usage.get("prompt_tokens") or 0)
+            completion = int(usage.get("completion_tokens") or 0)
+        if ticket.lease is not None:
+            task = asyncio.get_running_loop().create_task(
+                self.limiter.release(ticket.lease, prompt + completion if usage else None)
+            )
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        if ticket.key is MASTER or not isinstance(usage, dict):
+            return
+        now = self.clock.time()
+        cost = 0.0 if cached else cost_of(self.prices, model, prompt, completion)
+        self.spend.record(
+            SpendEvent(
+                id=uuid.uuid4().hex,
+                key_id=ticket.key.id,
+                period=period_of(ticket.key.budget_period, now),
+                model=model,
+                deployment=deployment,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                cost=cost,
+                cached=cached,
+                created_at=now,
+            )
+        )
+
+    async def close(self) -> None:
+        await asyncio.gather(*self._background, return_exceptions=True)

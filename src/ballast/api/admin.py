@@ -1,0 +1,453 @@
+"""The operator's surface: `/admin/*` (master key), `/metrics`, `/dashboard` (master key or the
+read-only dashboard token), and config reload without dropping a request.
+
+A reload builds a new router from the new file, starts it, and swaps it in as the next
+*generation*; requests already running finish on the generation they started on, which is
+closed once its last request is done. A config that does not validate is refused with its
+errors and the running one keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+import orjson
+
+from ballast.api.asgi import JSON, Receive, Scope, Send, header, send_bytes, send_error
+from ballast.api.errors import ApiError
+from ballast.config import ConfigError, Settings, load_settings, masked
+from ballast.observe.hub import Observer, Trace
+from ballast.observe.metrics import CONTENT_TYPE
+from ballast.routing.router import Router
+
+if TYPE_CHECKING:
+    from ballast.api.openai import OpenAIHandlers
+    from ballast.app import BallastApp
+
+log = logging.getLogger("ballast.admin")
+
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+NOT_CONFIGURED = {"status": "not configured"}
+
+
+class Generation:
+    """One config's router and handlers, with the client requests running on them."""
+
+    __slots__ = ("_idle", "handlers", "in_flight", "number", "observer", "router", "settings")
+
+    def __init__(
+        self,
+        number: int,
+        settings: Settings,
+        router: Router,
+        handlers: OpenAIHandlers,
+        observer: Observer,
+    ) -> None:
+        self.number = number
+        self.settings = settings
+        self.router = router
+        self.handlers = handlers
+        self.observer = observer
+        self.in_flight = 0
+        self._idle: asyncio.Event | None = None
+
+    async def proxy(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        self.in_flight += 1
+        trace = Trace(send, time.perf_counter())
+        try:
+            await self.handlers.proxy(scope, receive, trace.send, path)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0 and self._idle is not None:
+                self._idle.set()
+            try:
+                self.observer.request(trace, scope.get("ballast.request"), self.router, path)
+            except Exception:
+                log.exception("could not record a request")
+
+    async def retire(self, grace: float) -> None:
+        """Wait (at most `grace` seconds) for the running requests, then close the router."""
+        self._idle = asyncio.Event()
+        if self.in_flight == 0:
+            self._idle.set()
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace)
+        except TimeoutError:
+            log.warning(
+                "config generation %d: %d requests still running after %.0fs; closing it",
+                self.number,
+                self.in_flight,
+                grace,
+            )
+        finally:
+            await self.router.close()
+
+
+def _shared_state(router: Router) -> dict[str, Any]:
+    """What a new router shares with the running one instead of opening its own."""
+    shared: dict[str, Any] = {}
+    for name in ("database", "store"):
+        value = getattr(router, name, None)
+        if value is not None:
+            shared[name] = value
+    return shared
+
+
+def _token(scope: Scope) -> str | None:
+    value = header(scope, b"authorization")
+    if value is not None:
+        text = value.decode("latin-1").strip()
+        if text[:7].lower() == "bearer ":
+            return text[7:].strip() or None
+        return None
+    query = scope.get("query_string") or b""
+    if b"token=" in query:
+        tokens: list[str] | None = parse_qs(query.decode("latin-1")).get("token")
+        if tokens:
+            return tokens[0]
+    return None
+
+
+def _secret(value: Any) -> str | None:
+    """A configured secret, or None when unset or empty (`${VAR:-}` with VAR unset)."""
+    if value is None:
+        return None
+    text: str = value.get_secret_value()
+    return text or None
+
+
+def _same(given: str, secret: Any) -> bool:
+    expected = _secret(secret)
+    if expected is None:
+        return False
+    return hmac.compare_digest(
+        given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
+    )
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, "invalid_request_error", "invalid_api_key")
+
+
+class Admin:
+    def __init__(self, app: BallastApp) -> None:
+        self.app = app
+        self.started = time.time()
+        self.reloads = 0
+        self._reload_lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._routes: dict[tuple[str, str], tuple[Handler, bool]] = {
+            ("GET", "/admin/state"): (self.state, False),
+            ("GET", "/admin/events"): (self.events, False),
+            ("GET", "/admin/config"): (self.config, True),
+            ("POST", "/admin/reload"): (self.reload, True),
+        }
+
+    def add(self, method: str, path: str, handler: Handler, write: bool = True) -> None:
+        """Register another exact `/admin/...` route behind the same key check."""
+        self._routes[(method, path)] = (handler, write)
+
+    # -- auth -------------------------------------------------------------------------
+
+    def authorize(self, scope: Scope, write: bool) -> None:
+        """The master key may do anything; the dashboard token may only read."""
+        server = self.app.settings.server
+        if _secret(server.master_key) is None and (
+            write or _secret(server.dashboard_token) is None
+        ):
+            raise ApiError(
+                403,
+                "The admin API is disabled: set server.master_key in the config.",
+                "permission_error",
+                "admin_disabled",
+            )
+        given = _token(scope)
+        if given is None:
+            raise _unauthorized("You didn't provide the admin key (Authorization: Bearer <key>).")
+        if _same(given, server.master_key):
+            return
+        if not write and _same(given, server.dashboard_token):
+            return
+        raise _unauthorized("Incorrect admin key provided.")
+
+    # -- dispatch ---------------------------------------------------------------------
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Everything under /admin/."""
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            found = self._routes.get((method, path))
+            if found is not None:
+                handler, write = found
+                self.authorize(scope, write)
+                await handler(scope, receive, send)
+                return
+            parts = path.split("/")
+            # /admin/deployments/{id}/drain|enable
+            if len(parts) == 5 and parts[2] == "deployments" and parts[4] in ("drain", "enable"):
+                if method != "POST":
+                    raise ApiError(405, f"Method {method} is not allowed on {path[:200]}.")
+                self.authorize(scope, True)
+                await self.set_drained(send, parts[3], parts[4] == "drain")
+                return
+            if any(p == path for _, p in self._routes):
+                raise ApiError(405, f"Method {method} is not allowed on {path[:200]}.")
+            raise ApiError(404, f"Unknown path {path[:200]}.", code="not_found")
+        except ApiError as error:
+            await send_error(send, error, [])
+
+    async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = self.app.observer.metrics.render()
+        await send_bytes(send, 200, [(b"content-type", CONTENT_TYPE)], body)
+
+    async def dashboard(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from ballast.api.dashboard import page
+
+        try:
+            self.authorize(scope, False)
+        except ApiError as error:
+            await send_error(send, error, [])
+            return
+        headers = [
+            (b"content-type", b"text/html; charset=utf-8"),
+            (b"cache-control", b"no-store"),
+            (b"referrer-policy", b"no-referrer"),
+            (b"x-content-type-options", b"nosniff"),
+        ]
+        await send_bytes(send, 200, headers, page())
+
+    # -- read -------------------------------------------------------------------------
+
+    async def state(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_bytes(send, 200, [JSON], orjson.dumps(self.snapshot()))
+
+    def snapshot(self) -> dict[str, Any]:
+        app = self.app
+        generation = app.generation
+        router = generation.router
+        traffic = app.observer.traffic
+        models = []
+        for group in router.settings.models:
+            deployments = []
+            for dep in group.deployments:
+                target = router.targets.get(dep.id)
+                if target is None:
+                    continue
+                health = target.health.snapshot()
+                breaker = target.breaker.snapshot()
+                handles = None
+                if target.handles is not None:
+                    stats = target.handles.stats
+                    handles = {
+                        "size": len(target.handles),
+                        "created": stats.created,
+                        "refreshed": stats.refreshed,
+                        "healed": stats.healed,
+                        "failed": stats.failed,
+                    }
+                deployments.append(
+                    {
+                        "id": dep.id,
+                        "provider": dep.provider,
+                        "model": dep.model,
+                        "weight": dep.weight,
+                        "drained": target.drained,
+                        "score": round(100.0 * (1.0 - health["error_rate"]), 1),
+                        "in_flight": health["in_flight"],
+                        "cooldown": breaker["retry_after"],
+                        "breaker": breaker,
+                        "health": health,
+                        "handles": handles,
+                        "traffic": traffic.series(dep.id),
+                    }
+                )
+            models.append(
+                {
+                    "name": group.name,
+                    "strategy": group.strategy,
+                    "fallbacks": group.fallbacks,
+                    "deployments": deployments,
+                }
+            )
+        last = app.observer.events[-1]["seq"] if app.observer.events else 0
+        return {
+            "time": time.time(),
+            "pid": os.getpid(),
+            "uptime": time.time() - self.started,
+            "ready": app.ready,
+            "generation": generation.number,
+            "reloads": self.reloads,
+            "in_flight": generation.in_flight,
+            "retiring_generations": len(self._retiring),
+            "traffic_bucket_seconds": traffic.BUCKET,
+            "models": models,
+            "redis": self._backend("redis"),
+            "database": self._backend("database"),
+            "jobs": {"status": "no jobs backend configured"},
+            "last_event": last,
+        }
+
+    def _backend(self, name: str) -> dict[str, Any]:
+        """A state backend's status (`redis`, `database`) from the app's state hub, with a
+        `status` line for people: "not configured", "ok", or the breaker's state."""
+        hub = getattr(self.app, "state", None)
+        probe = getattr(hub, "status", None)
+        found = probe().get(name) if callable(probe) else None
+        if not isinstance(found, dict) or found.get("configured") is False:
+            return dict(NOT_CONFIGURED)
+        status: dict[str, Any] = dict(found)
+        if "status" not in status:
+            state = status.get("state")
+            status["status"] = "ok" if state in (None, "closed") else f"degraded ({state})"
+        return status
+
+    async def events(self, scope: Scope, receive: Receive, send: Send) -> None:
+        since = 0
+        query = scope.get("query_string") or b""
+        if query:
+            given = parse_qs(query.decode("latin-1")).get("since")
+            if given and given[0].isdigit():
+                since = int(given[0])
+        events = self.app.observer.recent(since)
+        await send_bytes(send, 200, [JSON], orjson.dumps({"events": events}))
+
+    async def config(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_bytes(send, 200, [JSON], orjson.dumps(masked(self.app.settings)))
+
+    # -- write ------------------------------------------------------------------------
+
+    async def set_drained(self, send: Send, dep_id: str, drained: bool) -> None:
+        target = self.app.generation.router.targets.get(dep_id)
+        if target is None:
+            raise ApiError(404, f"Unknown deployment {dep_id[:200]!r}.", code="not_found")
+        if target.drained != drained:
+            target.drained = drained
+            self.app.observer.note(
+                "drain" if drained else "enable", {"deployment": dep_id, "by": "admin"}
+            )
+        body = {"id": dep_id, "drained": drained, "breaker": target.breaker.state.value}
+        await send_bytes(send, 200, [JSON], orjson.dumps(body))
+
+    async def reload(self, scope: Scope, receive: Receive, send: Send) -> None:
+        errors = await self.reload_config()
+        if errors:
+            body = {
+                "error": {
+                    "message": "The new config was refused; the running one keeps serving.\n"
+                    + "\n".join(errors),
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "invalid_config",
+                },
+                "errors": errors,
+            }
+            await send_bytes(send, 400, [JSON], orjson.dumps(body))
+            return
+        done = {"status": "reloaded", "generation": self.app.generation.number}
+        await send_bytes(send, 200, [JSON], orjson.dumps(done))
+
+    async def reload_config(self) -> list[str]:
+        """Load the config file again and swap it in; the errors when it is refused."""
+        app = self.app
+        metrics = app.observer.metrics
+        async with self._reload_lock:
+            if app.config_path is None:
+                return ["(reload): this gateway was not started from a config file"]
+            try:
+                settings = await asyncio.to_thread(load_settings, app.config_path)
+            except ConfigError as exc:
+                metrics.reloads.labels("refused").inc()
+                log.warning("config reload refused: %d problem(s)", len(exc.errors))
+                return exc.errors
+            try:
+                await self.swap(settings)
+            except Exception as exc:
+                metrics.reloads.labels("failed").inc()
+                log.exception("config reload failed")
+                return [f"(start): the new config could not start ({type(exc).__name__})"]
+            metrics.reloads.labels("ok").inc()
+            return []
+
+    async def swap(self, settings: Settings) -> None:
+        """Start a router for `settings` and make it the one new requests use."""
+        app = self.app
+        old = app.generation
+        router = Router(
+            settings,
+            old.router.clock,
+            old.router.rng,
+            on_event=app.observer.on_event,
+            **_shared_state(old.router),
+        )
+        for dep_id, target in router.targets.items():
+            previous = old.router.targets.get(dep_id)
+            if previous is not None and previous.deployment == target.deployment:
+                # The same deployment: keep what is known about it (and an operator's drain).
+                target.breaker = previous.breaker
+                target.health = previous.health
+                target.drained = previous.drained
+        try:
+            await router.start()
+        except BaseException:
+            await router.close()
+            raise
+        handlers = type(old.handlers)(router, settings.server.max_body_bytes)
+        for name, value in vars(old.handlers).items():
+            if name not in ("router", "max_body_bytes"):
+                setattr(handlers, name, value)  # what start-up attached (e.g. access control)
+        new = Generation(old.number + 1, settings, router, handlers, app.observer)
+        # The swap itself: no await between these lines, so no request sees half of it.
+        app.generation = new
+        app.settings = settings
+        app.router = router
+        app.openai = handlers
+        self.reloads += 1
+        app.observer.metrics.deployments(router.targets)
+        app.observer.note(
+            "reload",
+            {"generation": new.number, "deployments": len(router.targets)},
+        )
+        grace = old.settings.timeouts.request + 5.0
+        task = asyncio.get_running_loop().create_task(old.retire(grace))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def close(self) -> None:
+        """At shutdown: let retiring generations finish (they hold open connections)."""
+        for task in list(self._retiring):
+            task.cancel()
+        for task in list(self._retiring):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    # -- SIGHUP -----------------------------------------------------------------------
+
+    def install_signal_handler(self) -> None:
+        """SIGHUP reloads the config file (only in the main thread, where signals arrive)."""
+        if self.app.config_path is None or not hasattr(signal, "SIGHUP"):
+            return
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+            loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+
+    def _on_sighup(self) -> None:
+        log.info("SIGHUP: reloading the config")
+
+        async def run() -> None:
+            errors = await self.reload_config()
+            for line in errors:
+                log.error("config reload refused: %s", line)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)

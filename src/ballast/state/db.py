@@ -1,0 +1,76 @@
+"""The database: SQLite (embedded default) or PostgreSQL (several instances), chosen by URL,
+behind the one breaker so a dead database fails fast instead of piling up requests."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+log = logging.getLogger("ballast.db")
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def async_url(url: str) -> str:
+    """Accept plain `sqlite:///` and `postgresql://` URLs and pick the async drivers."""
+    if url.startswith("sqlite://"):
+        return "sqlite+aiosqlite://" + url.removeprefix("sqlite://")
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+asyncpg://" + url.split("://", 1)[1]
+    return url
+
+
+class Database:
+    def __init__(self, url: str, pool_size: int = 10, timeout: float = 5.0) -> None:
+        self.url = async_url(url)
+        self.is_sqlite = self.url.startswith("sqlite")
+        options: dict[str, Any] = {}
+        if self.is_sqlite:
+            path = self.url.split(":///", 1)[1] if ":///" in self.url else ""
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            if not path or path == ":memory:":
+                options["poolclass"] = sa.pool.StaticPool
+            options["connect_args"] = {"timeout": timeout}
+        else:
+            options.update(
+                pool_size=pool_size,
+                max_overflow=pool_size,
+                pool_timeout=timeout,
+                pool_pre_ping=True,
+                connect_args={"timeout": timeout, "command_timeout": timeout},
+            )
+        self.engine: AsyncEngine = create_async_engine(self.url, **options)
+
+    async def upgrade(self) -> None:
+        """Apply every pending migration (idempotent; serialised across instances)."""
+        async with self.engine.begin() as connection:
+            if not self.is_sqlite:
+                await connection.execute(sa.text("SELECT pg_advisory_xact_lock(4242001)"))
+            await connection.run_sync(_upgrade)
+
+    def connect(self) -> Any:
+        return self.engine.connect()
+
+    def begin(self) -> Any:
+        return self.engine.begin()
+
+    async def ping(self) -> None:
+        async with self.engine.connect() as connection:
+            await connection.execute(sa.text("SELECT 1"))
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+
+def _upgrade(connection: sa.Connection) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    command.upgrade(config, "head")

@@ -1,0 +1,50 @@
+"""Everything stateful, built from settings and started once: the database, Redis behind its
+breaker, keys, rate limits and spend. Redis down at start-up is not fatal: its breaker
+opens and every use takes its local fallback until a probe finds it healthy."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.config import Settings
+from ballast.state.db import Database
+from ballast.state.keys import KeyService
+from ballast.state.ratelimit import RateLimiter
+from ballast.state.spend import SpendRecorder
+from ballast.state.store import RedisStore
+
+log = logging.getLogger("ballast.state")
+
+
+class StateHub:
+    def __init__(self, settings: Settings, clock: Clock = SYSTEM_CLOCK) -> None:
+        state = settings.state
+        self.clock = clock
+        self.db = Database(state.database_url, timeout=state.database_timeout)
+        self.store = RedisStore(state.redis_url, state, clock) if state.redis_url else None
+        self.keys = KeyService(self.db, self.store, clock, cache_ttl=state.key_cache_ttl)
+        self.limiter = RateLimiter(self.store, instances=state.instances, clock=clock)
+        self.spend = SpendRecorder(
+            self.db, self.store, state.spend_journal, state.spend_flush_interval, clock
+        )
+
+    async def start(self) -> None:
+        await self.db.upgrade()
+        await self.spend.start()
+        if self.store is not None and not await self.limiter.warm():
+            log.warning("Redis is unreachable at start-up; serving with local fallbacks")
+
+    async def close(self) -> None:
+        await self.spend.close()
+        if self.store is not None:
+            await self.store.close()
+        await self.db.close()
+
+    def status(self) -> dict[str, Any]:
+        redis = self.store.status() if self.store is not None else {"configured": False}
+        return {
+            "redis": redis,
+            "database": {"configured": True, "url_kind": self.db.url.split(":")[0]},
+        }

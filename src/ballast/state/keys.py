@@ -1,0 +1,261 @@
+"""Virtual API keys. Only a hash is stored; the key itself is shown once, at creation.
+
+A lookup is served from a short-lived local cache, then Redis (behind the breaker), then the
+database, with one database query per key at a time (single-flight) so an outage of Redis
+never turns into a stampede on the database (seed 003). While the database is down, keys
+seen recently still authenticate from the cache."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+
+from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.state.db import Database
+from ballast.state.schema import api_keys
+from ballast.state.store import RedisStore, StoreUnavailable
+
+log = logging.getLogger("ballast.keys")
+
+KEY_PREFIX = "sk-bl-"
+PERIODS = ("day", "month", "total")
+
+
+def hash_key(plaintext: str) -> str:
+    """Keys carry 256 random bits, so a plain SHA-256 is a safe, fast one-way hash."""
+    return hashlib.sha256(plaintext.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    id: str
+    name: str
+    models: tuple[str, ...] | None = None  # None: every model
+    rpm: int | None = None
+    tpm: int | None = None
+    max_parallel: int | None = None
+    budget: float | None = None
+    budget_period: str = "month"
+    expires_at: float | None = None
+    max_concurrent_jobs: int | None = None
+    revoked: bool = False
+    created_at: float = 0.0
+
+    def allows(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+    def public(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["models"] = list(self.models) if self.models is not None else None
+        return data
+
+
+class KeysUnavailable(Exception):
+    """Neither the cache nor the database can say whether a key is valid."""
+
+
+def _record(row: Any) -> KeyRecord:
+    models = orjson.loads(row.models) if row.models else None
+    return KeyRecord(
+        id=row.id,
+        name=row.name,
+        models=tuple(models) if models is not None else None,
+        rpm=row.rpm,
+        tpm=row.tpm,
+        max_parallel=row.max_parallel,
+        budget=row.budget,
+        budget_period=row.budget_period,
+        expires_at=row.expires_at,
+        max_concurrent_jobs=row.max_concurrent_jobs,
+        revoked=bool(row.revoked),
+        created_at=row.created_at,
+    )
+
+
+def _encode(record: KeyRecord | None) -> bytes:
+    return orjson.dumps(record.public() if record is not None else None)
+
+
+def _decode(raw: bytes) -> KeyRecord | None:
+    data = orjson.loads(raw)
+    if data is None:
+        return None
+    models = data.pop("models")
+    return KeyRecord(models=tuple(models) if models is not None else None, **data)
+
+
+class KeyService:
+    def __init__(
+        self,
+        db: Database,
+        store: RedisStore | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        cache_ttl: float = 30.0,
+        negative_ttl: float = 5.0,
+    ) -> None:
+        self.db = db
+        self.store = store
+        self.clock = clock
+        self.cache_ttl = cache_ttl
+        self.negative_ttl = negative_ttl
+        self._cache: dict[str, tuple[KeyRecord | None, float]] = {}  # hash -> (record, until)
+        self._flights: dict[str, asyncio.Future[KeyRecord | None]] = {}
+        self.db_queries = 0
+
+    # -- administration -------------------------------------------------------------
+
+    async def create(
+        self,
+        name: str,
+        models: list[str] | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        max_parallel: int | None = None,
+        budget: float | None = None,
+        budget_period: str = "month",
+        expires_at: float | None = None,
+        max_concurrent_jobs: int | None = None,
+    ) -> tuple[str, KeyRecord]:
+        """A new key: the plaintext (shown once) and its record."""
+        if budget_period not in PERIODS:
+            raise ValueError(f"budget_period must be one of {', '.join(PERIODS)}")
+        plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
+        record = KeyRecord(
+            id="key_" + uuid.uuid4().hex[:20],
+            name=name,
+            models=tuple(models) if models is not None else None,
+            rpm=rpm,
+            tpm=tpm,
+            max_parallel=max_parallel,
+            budget=budget,
+            budget_period=budget_period,
+            expires_at=expires_at,
+            max_concurrent_jobs=max_concurrent_jobs,
+            created_at=self.clock.time(),
+        )
+        values = record.public()
+        values["models"] = orjson.dumps(values["models"]).decode() if models is not None else None
+        async with self.db.begin() as connection:
+            await connection.execute(
+                api_keys.insert().values(key_hash=hash_key(plaintext), **values)
+            )
+        return plaintext, record
+
+    async def list(self) -> list[KeyRecord]:
+        async with self.db.connect() as connection:
+            rows = await connection.execute(api_keys.select().order_by(api_keys.c.created_at))
+            return [_record(row) for row in rows]
+
+    async def get(self, key_id: str) -> KeyRecord | None:
+        async with self.db.connect() as connection:
+            row = (
+                await connection.execute(api_keys.select().where(api_keys.c.id == key_id))
+            ).first()
+        return _record(row) if row is not None else None
+
+    async def count(self) -> int:
+        async with self.db.connect() as connection:
+            return int(
+                (
+                    await connection.execute(sa.select(sa.func.count()).select_from(api_keys))
+                ).scalar_one()
+            )
+
+    async def revoke(self, key_id: str) -> bool:
+        async with self.db.begin() as connection:
+            result = await connection.execute(
+                api_keys.update()
+                .where(api_keys.c.id == key_id)
+                .values(revoked=True)
+                .returning(api_keys.c.key_hash)
+            )
+            hashes = [row.key_hash for row in result]
+        for digest in hashes:
+            self._cache.pop(digest, None)
+            await self._forget(digest, key_id)
+        return bool(hashes)
+
+    async def _forget(self, digest: str, key_id: str) -> None:
+        if self.store is None:
+            return
+        redis_key = f"ballast:key:{digest}"
+        try:
+            await self.store.call(lambda r: r.delete(redis_key))
+        except StoreUnavailable:
+            log.warning("revoked key %s; other instances see it within the cache TTL", key_id)
+
+    # -- the hot path ---------------------------------------------------------------
+
+    async def lookup(self, plaintext: str) -> KeyRecord | None:
+        """The key's record, or None when no such key exists. Raises KeysUnavailable only
+        when the key is unknown to the cache and the database cannot be asked."""
+        digest = hash_key(plaintext)
+        cached = self._cache.get(digest)
+        now = self.clock.monotonic()
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        flight = self._flights.get(digest)
+        if flight is None:
+            flight = asyncio.get_running_loop().create_future()
+            self._flights[digest] = flight
+            try:
+                record = await self._fetch(digest, cached)
+            except BaseException as exc:
+                flight.set_exception(exc)
+                flight.exception()
+                raise
+            else:
+                flight.set_result(record)
+            finally:
+                self._flights.pop(digest, None)
+            return record
+        return await asyncio.shield(flight)
+
+    async def _fetch(
+        self, digest: str, stale: tuple[KeyRecord | None, float] | None
+    ) -> KeyRecord | None:
+        redis_key = f"ballast:key:{digest}"
+        if self.store is not None:
+            try:
+                raw = await self.store.call(lambda r: r.get(redis_key))
+                if raw is not None:
+                    record = _decode(raw if isinstance(raw, bytes) else raw.encode())
+                    self._remember(digest, record)
+                    return record
+            except StoreUnavailable:
+                pass
+        try:
+            self.db_queries += 1
+            async with self.db.connect() as connection:
+                row = (
+                    await connection.execute(api_keys.select().where(api_keys.c.key_hash == digest))
+                ).first()
+        except Exception as exc:
+            if stale is not None:
+                log.warning("database unavailable (%s); using the cached key", type(exc).__name__)
+                self._cache[digest] = (stale[0], self.clock.monotonic() + self.negative_ttl)
+                return stale[0]
+            raise KeysUnavailable(type(exc).__name__) from None
+        record = _record(row) if row is not None else None
+        self._remember(digest, record)
+        if self.store is not None:
+            ttl = max(1, int(self.cache_ttl))
+            try:
+                await self.store.call(lambda r: r.set(redis_key, _encode(record), ex=ttl))
+            except StoreUnavailable:
+                pass
+        return record
+
+    def _remember(self, digest: str, record: KeyRecord | None) -> None:
+        ttl = self.cache_ttl if record is not None else self.negative_ttl
+        self._cache[digest] = (record, self.clock.monotonic() + ttl)
+        if len(self._cache) > 100_000:
+            self._cache.clear()  # bounded; entries are cheap to rebuild

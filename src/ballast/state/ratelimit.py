@@ -1,0 +1,514 @@
+"""Per-key rate limits: requests per minute, tokens per minute, parallel requests.
+
+Shared across instances through Redis when it is healthy; a local limiter enforcing this
+instance's share when it is not (seed 003: a slow Redis must not slow a request).
+
+Windows. RPM and TPM use a *sliding window counter*: fixed 60 s windows aligned on the
+clock, and the previous window's count weighted by how much of it still overlaps the last
+60 s. Usage at time t, `into` seconds into the current window:
+
+    used = previous * (60 - into) / 60 + current
+
+A request is admitted when `used + cost <= limit`. This is O(1) per key (two counters per
+limit, no per-request log), so reconciling tokens after a response is one addition to the
+window the estimate went into. It equals an exact sliding window when traffic in the
+previous window was evenly spread, and never lets a burst through at a window boundary.
+
+Tokens. `acquire` books the caller's estimate; `release` adds `actual - estimated` to the
+same window (or to the previous one, if the window has rolled since; older is dropped).
+A request whose estimate alone exceeds the whole TPM limit is admitted only when the key's
+window is empty (it cannot ever fit otherwise), and then books its full estimate.
+
+Redis. One Lua script per `acquire` (one round trip, atomic, Redis server time, never the
+gateway's clock, so instances with skewed clocks agree). Keys, all with the key id as a
+cluster hash tag:
+
+    ballast:rl:{<key_id>}     hash: w (window number), rc/rp (requests current/previous),
+                              tc/tp (tokens current/previous); expires after two windows
+    ballast:rl:{<key_id>}:p   sorted set of parallel leases scored by their expiry; expired
+                              leases are dropped before counting, so a crashed instance's
+                              slots come back after `lease_ttl` without anyone's help
+
+`release` is one more small script (drop the lease, reconcile tokens), and costs no round
+trip at all when there is nothing to do. A release that cannot reach Redis is remembered
+and its lease dropped by the key's next acquire script (its token correction is dropped:
+the estimate stands). Retry-After for a full parallel limit is 1 s (no one knows when a
+slot frees); for RPM/TPM it is exact, assuming nothing else is admitted meanwhile.
+`x-ratelimit-reset-*` is the time until all current usage has aged out of the window.
+
+Fallback. Without Redis, or whenever the store raises `StoreUnavailable` (its breaker is
+open: zero network calls), each instance enforces its share of every limit:
+ceil(limit / instances), at least 1, with the same windows on the local monotonic clock.
+Local counters start empty when a fallback starts (an instance may admit up to its share
+on top of what Redis had counted). An open breaker is checked before anything else, so the
+fallback costs about as much as the local limiter alone. Any limit of 0 refuses every
+request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Final
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.routing.breaker import BreakerState
+from ballast.state.store import RedisStore, StoreUnavailable
+
+log = logging.getLogger("ballast.ratelimit")
+
+WINDOW: Final = 60.0
+_PARALLEL_RETRY: Final = 1.0  # nobody knows when a slot frees; ask the client for a second
+_MAX_PENDING: Final = 1000  # remembered releases per key while Redis is unreachable
+_MAX_LOCAL_KEYS: Final = 50_000  # idle local entries are pruned beyond this
+
+_REASONS: Final = ("", "requests", "tokens", "parallel")
+
+# KEYS: counters hash, parallel lease set.
+# ARGV: rpm, tpm, max_parallel (-1 = not enforced), cost, lease id, lease ttl (ms),
+#       then ids of leases whose release could not reach Redis earlier.
+# Returns: reason (0 admitted, 1 requests, 2 tokens, 3 parallel), window number, ms into
+#          the window, rc, rp, tc, tp (after admission), leases in flight, retry after (ms).
+ACQUIRE_LUA: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local W = 60000
+local rpm, tpm, par = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+local win = math.floor(now / W)
+local into = now - win * W
+local weight = (W - into) / W
+local rc, rp, tc, tp = 0, 0, 0, 0
+local counted = rpm >= 0 or tpm >= 0
+if counted then
+  local h = redis.call('HMGET', KEYS[1], 'w', 'rc', 'rp', 'tc', 'tp')
+  local w = tonumber(h[1])
+  if w == win then
+    rc, rp = tonumber(h[2]) or 0, tonumber(h[3]) or 0
+    tc, tp = tonumber(h[4]) or 0, tonumber(h[5]) or 0
+  elseif w == win - 1 then
+    rp, tp = tonumber(h[2]) or 0, tonumber(h[4]) or 0
+  end
+end
+for i = 7, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
+local inflight = 0
+if par >= 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  inflight = redis.call('ZCARD', KEYS[2])
+end
+-- ms until p * (W - e) / W + c + need <= limit, e the time into the window
+local function wait(p, c, need, limit)
+  if limit <= 0 then return W end
+  local room = limit - c - need
+  if room >= 0 then
+    return math.max(1, math.ceil(W * (1 - room / p)) - into)
+  end
+  return (W - into) + math.max(0, math.ceil(W * (1 - (limit - need) / c)))
+end
+local reason, retry = 0, 0
+if par >= 0 and inflight >= par then
+  reason, retry = 3, 1000
+elseif rpm >= 0 and (rpm <= 0 or rp * weight + rc + 1 > rpm) then
+  reason, retry = 1, wait(rp, rc, 1, rpm)
+elseif tpm >= 0 then
+  local need = math.min(cost, tpm)
+  if tpm <= 0 or tp * weight + tc + need > tpm then
+    reason, retry = 2, wait(tp, tc, need, tpm)
+  end
+end
+if reason == 0 then
+  if counted then
+    rc, tc = rc + 1, tc + cost
+    redis.call('HSET', KEYS[1], 'w', win, 'rc', rc, 'rp', rp, 'tc', tc, 'tp', tp)
+    redis.call('PEXPIRE', KEYS[1], 2 * W + 1000)
+  end
+  if par >= 0 then
+    local ttl = tonumber(ARGV[6])
+    redis.call('ZADD', KEYS[2], now + ttl, ARGV[5])
+    redis.call('PEXPIRE', KEYS[2], ttl)
+    inflight = inflight + 1
+  end
+end
+return {reason, win, into, rc, rp, tc, tp, inflight, retry}
+"""
+
+# KEYS: counters hash, parallel lease set. ARGV: window number, token delta, lease id ('' none).
+RELEASE_LUA: Final = """
+if ARGV[3] ~= '' then redis.call('ZREM', KEYS[2], ARGV[3]) end
+local d = tonumber(ARGV[2])
+if d ~= 0 then
+  local w = tonumber(redis.call('HGET', KEYS[1], 'w'))
+  local booked = tonumber(ARGV[1])
+  local f = nil
+  if w == booked then f = 'tc' elseif w == booked + 1 then f = 'tp' end
+  if f then
+    local v = (tonumber(redis.call('HGET', KEYS[1], f)) or 0) + d
+    if v < 0 then v = 0 end
+    redis.call('HSET', KEYS[1], f, v)
+  end
+end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A key's limits; None is not enforced, 0 refuses everything."""
+
+    key_id: str
+    rpm: int | None
+    tpm: int | None
+    max_parallel: int | None
+
+
+class RateLimited(Exception):
+    """Over a limit. `headers` are the x-ratelimit-* headers; the caller adds Retry-After."""
+
+    def __init__(self, reason: str, retry_after: float, headers: list[tuple[bytes, bytes]]):
+        super().__init__(f"rate limited ({reason}); retry after {retry_after:.3f}s")
+        self.reason = reason
+        self.retry_after = retry_after
+        self.headers = headers
+
+
+_NONE: Final = 0
+_LOCAL: Final = 1
+_REDIS: Final = 2
+
+
+class Lease:
+    """An admitted request. Hand it back with `RateLimiter.release` exactly once (a second
+    release is ignored). `headers` are OpenAI's x-ratelimit-* headers for the response."""
+
+    __slots__ = (
+        "_headers",
+        "_kind",
+        "_lease_id",
+        "_local",
+        "_rl",
+        "_snapshot",
+        "_tl",
+        "_window",
+        "estimated",
+        "key_id",
+        "released",
+    )
+
+    def __init__(
+        self,
+        kind: int,
+        key_id: str,
+        estimated: int,
+        window: int,
+        lease_id: str,
+        rl: int | None,
+        tl: int | None,
+        snapshot: tuple[float, int, int, int, int],
+        local: _LocalKey | None = None,
+    ) -> None:
+        self._kind = kind
+        self.key_id = key_id
+        self.estimated = estimated
+        self._window = window
+        self._lease_id = lease_id
+        self._rl = rl
+        self._tl = tl
+        self._snapshot = snapshot
+        self._local = local
+        self._headers: list[tuple[bytes, bytes]] | None = None
+        self.released = False
+
+    @property
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        if self._headers is None:
+            self._headers = _headers(self._rl, self._tl, *self._snapshot)
+        return self._headers
+
+    @property
+    def shared(self) -> bool:
+        """True when Redis admitted it (the limit is shared by all instances)."""
+        return self._kind == _REDIS
+
+
+_UNLIMITED_SNAPSHOT: Final = (0.0, 0, 0, 0, 0)
+
+
+class _LocalKey:
+    """One key's local windows (seconds on the monotonic clock) and parallel count."""
+
+    __slots__ = ("inflight", "rc", "rp", "tc", "tp", "window")
+
+    def __init__(self) -> None:
+        self.window = -2
+        self.rc = self.rp = self.tc = self.tp = 0
+        self.inflight = 0
+
+
+class RateLimiter:
+    """Per-key RPM, TPM and parallel limits; see the module docstring for the design."""
+
+    def __init__(
+        self,
+        store: RedisStore | None,
+        instances: int = 1,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        lease_ttl: float = 900.0,
+        prefix: str = "ballast:rl:",
+    ) -> None:
+        self._store = store
+        self._instances = max(1, instances)
+        self._clock = clock
+        self._lease_ttl_ms = max(1, int(lease_ttl * 1000))
+        self._prefix = prefix
+        self._local: dict[str, _LocalKey] = {}
+        self._pruned = -1
+        self._pending: dict[str, list[str]] = {}
+        self._ids = itertools.count()
+        self._id_prefix = os.urandom(6).hex() + ":"
+        self._acquire_script: AsyncScript | None = None
+        self._release_script: AsyncScript | None = None
+        if store is not None:
+            self._acquire_script = store.client.register_script(ACQUIRE_LUA)
+            self._release_script = store.client.register_script(RELEASE_LUA)
+        self.fallbacks = 0  # acquires that took the local limiter because Redis could not
+
+    async def warm(self) -> bool:
+        """Load the scripts into Redis ahead of the first request (start-up), so a cold
+        burst does not meet NOSCRIPT on every connection. False if Redis cannot be used
+        now, which is not fatal: the scripts load on first use."""
+        store = self._store
+        if store is None:
+            return False
+
+        async def load(r: Redis) -> None:
+            for source in (ACQUIRE_LUA, RELEASE_LUA):
+                await r.script_load(source)
+
+        try:
+            await store.call(load)
+        except StoreUnavailable:
+            return False
+        return True
+
+    # -- acquire -----------------------------------------------------------------------
+
+    async def acquire(self, limits: Limits, estimated_tokens: int) -> Lease:
+        """Admit one request or raise RateLimited. Books `estimated_tokens` against TPM."""
+        rpm, tpm, par = limits.rpm, limits.tpm, limits.max_parallel
+        if rpm is None and tpm is None and par is None:
+            return Lease(_NONE, limits.key_id, 0, 0, "", None, None, _UNLIMITED_SNAPSHOT)
+        cost = estimated_tokens if estimated_tokens > 0 else 0
+        store = self._store
+        if store is not None:
+            # An open breaker would refuse anyway; skipping the call keeps this ~1 us.
+            if store.breaker.state is not BreakerState.OPEN:
+                try:
+                    return await self._acquire_redis(limits, cost)
+                except StoreUnavailable:
+                    pass
+            self.fallbacks += 1
+        return self._acquire_local(limits, cost)
+
+    def _share(self, limit: int | None) -> int | None:
+        if limit is None or limit <= 0 or self._instances == 1:
+            return limit
+        return max(1, -(-limit // self._instances))
+
+    def _acquire_local(self, limits: Limits, cost: int) -> Lease:
+        rpm, tpm = self._share(limits.rpm), self._share(limits.tpm)
+        par = self._share(limits.max_parallel)
+        now = self._clock.monotonic()
+        window = int(now // WINDOW)
+        into = now - window * WINDOW
+        state = self._local.get(limits.key_id)
+        if state is None:
+            if len(self._local) >= _MAX_LOCAL_KEYS and self._pruned != window:
+                self._pruned = window  # at most one sweep per window
+                self._prune_local(window)
+            state = self._local[limits.key_id] = _LocalKey()
+        if state.window != window:
+            if state.window == window - 1:
+                state.rp, state.tp = state.rc, state.tc
+            else:
+                state.rp = state.tp = 0
+            state.rc = state.tc = 0
+            state.window = window
+        weight = (WINDOW - into) / WINDOW
+        reason = 0
+        retry = 0.0
+        if par is not None and state.inflight >= par:
+            reason, retry = 3, _PARALLEL_RETRY
+        elif rpm is not None and (rpm <= 0 or state.rp * weight + state.rc + 1 > rpm):
+            reason, retry = 1, _wait(state.rp, state.rc, 1, rpm, into)
+        elif tpm is not None:
+            need = min(cost, tpm)
+            if tpm <= 0 or state.tp * weight + state.tc + need > tpm:
+                reason, retry = 2, _wait(state.tp, state.tc, need, tpm, into)
+        if reason:
+            snap = (into, state.rc, state.rp, state.tc, state.tp)
+            raise RateLimited(_REASONS[reason], retry, _headers(rpm, tpm, *snap))
+        state.rc += 1
+        state.tc += cost
+        slot = ""
+        if par is not None:
+            state.inflight += 1
+            slot = "local"
+        snap = (into, state.rc, state.rp, state.tc, state.tp)
+        return Lease(_LOCAL, limits.key_id, cost, window, slot, rpm, tpm, snap, state)
+
+    def _prune_local(self, window: int) -> None:
+        stale = [k for k, s in self._local.items() if s.window < window - 1 and s.inflight <= 0]
+        for k in stale:
+            del self._local[k]
+
+    async def _acquire_redis(self, limits: Limits, cost: int) -> Lease:
+        script = self._acquire_script
+        assert script is not None and self._store is not None
+        rpm, tpm, par = limits.rpm, limits.tpm, limits.max_parallel
+        key_id = limits.key_id
+        lease_id = f"{self._id_prefix}{next(self._ids)}" if par is not None else ""
+        base = f"{self._prefix}{{{key_id}}}"
+        keys = (base, base + ":p")
+        args: list[str | int] = [
+            -1 if rpm is None else rpm,
+            -1 if tpm is None else tpm,
+            -1 if par is None else par,
+            cost,
+            lease_id,
+            self._lease_ttl_ms,
+        ]
+        # Leases whose release missed Redis ride along; they go back if this call fails.
+        pending = self._pending.pop(key_id, None)
+        if pending:
+            args.extend(pending)
+
+        async def run(r: Redis) -> list[int]:
+            result: list[int] = await script(keys=keys, args=args, client=r)
+            return result
+
+        try:
+            reply = await self._store.call(run)
+        except BaseException:  # unavailable or cancelled: dropping them again is harmless
+            if pending:
+                self._pending.setdefault(key_id, []).extend(pending[:_MAX_PENDING])
+            raise
+        reason, window, into_ms, rc, rp, tc, tp, _inflight, retry_ms = (int(v) for v in reply)
+        snap = (into_ms / 1000.0, rc, rp, tc, tp)
+        if reason:
+            raise RateLimited(_REASONS[reason], retry_ms / 1000.0, _headers(rpm, tpm, *snap))
+        return Lease(_REDIS, key_id, cost, window, lease_id, rpm, tpm, snap)
+
+    # -- release -----------------------------------------------------------------------
+
+    async def release(self, lease: Lease, actual_tokens: int | None) -> None:
+        """Give the parallel slot back and reconcile TPM with the real usage. Never raises."""
+        if lease.released or lease._kind == _NONE:
+            return
+        lease.released = True
+        delta = 0 if actual_tokens is None else max(0, actual_tokens) - lease.estimated
+        try:
+            if lease._kind == _LOCAL:
+                self._release_local(lease, delta)
+            else:
+                await self._release_redis(lease, delta)
+        except Exception:  # never fail a finished request over its bookkeeping
+            log.exception("rate limit release failed for a key")
+
+    def _release_local(self, lease: Lease, delta: int) -> None:
+        state = lease._local
+        if state is None:
+            return
+        if lease._lease_id and state.inflight > 0:  # it holds a parallel slot
+            state.inflight -= 1
+        if delta:
+            if state.window == lease._window:
+                state.tc = max(0, state.tc + delta)
+            elif state.window == lease._window + 1:
+                state.tp = max(0, state.tp + delta)
+
+    async def _release_redis(self, lease: Lease, delta: int) -> None:
+        if not lease._lease_id and not delta:
+            return
+        script = self._release_script
+        assert script is not None and self._store is not None
+        base = f"{self._prefix}{{{lease.key_id}}}"
+        keys = (base, base + ":p")
+        args = (lease._window, delta, lease._lease_id)
+
+        async def run(r: Redis) -> int:
+            result: int = await script(keys=keys, args=args, client=r)
+            return result
+
+        try:
+            await self._store.call(run)
+        except StoreUnavailable:
+            if lease._lease_id:
+                pending = self._pending.setdefault(lease.key_id, [])
+                if len(pending) < _MAX_PENDING:
+                    pending.append(lease._lease_id)
+
+
+def _wait(p: int, c: int, need: int, limit: int, into: float) -> float:
+    """Seconds until `p * (W - e) / W + c + need <= limit`, e the time into the window,
+    assuming nothing else is admitted meanwhile."""
+    if limit <= 0:
+        return WINDOW
+    room = limit - c - need
+    if room >= 0:
+        return max(0.001, WINDOW * (1 - room / p) - into)
+    return (WINDOW - into) + max(0.0, WINDOW * (1 - (limit - need) / c))
+
+
+def _headers(
+    rpm: int | None, tpm: int | None, into: float, rc: int, rp: int, tc: int, tp: int
+) -> list[tuple[bytes, bytes]]:
+    """OpenAI's x-ratelimit-* headers. `reset` is the time until the window is back to
+    its initial state (all usage aged out), as OpenAI defines it."""
+    out: list[tuple[bytes, bytes]] = []
+    weight = (WINDOW - into) / WINDOW
+    if rpm is not None:
+        used = rp * weight + rc
+        out.append((b"x-ratelimit-limit-requests", str(rpm).encode()))
+        out.append((b"x-ratelimit-remaining-requests", _remaining(rpm, used)))
+        out.append((b"x-ratelimit-reset-requests", _reset(rc, rp, into)))
+    if tpm is not None:
+        used = tp * weight + tc
+        out.append((b"x-ratelimit-limit-tokens", str(tpm).encode()))
+        out.append((b"x-ratelimit-remaining-tokens", _remaining(tpm, used)))
+        out.append((b"x-ratelimit-reset-tokens", _reset(tc, tp, into)))
+    return out
+
+
+def _remaining(limit: int, used: float) -> bytes:
+    return str(max(0, math.floor(limit - used + 1e-9))).encode()
+
+
+def _reset(current: int, previous: int, into: float) -> bytes:
+    if current > 0:
+        seconds = 2 * WINDOW - into
+    elif previous > 0:
+        seconds = WINDOW - into
+    else:
+        seconds = 0.0
+    return format_duration(seconds).encode()
+
+
+def format_duration(seconds: float) -> str:
+    """OpenAI's (Go-style) durations: "0s", "250ms", "1.5s", "1m30s", "2m0s"."""
+    ms = math.ceil(seconds * 1000 - 1e-6)
+    if ms <= 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    minutes, rest = divmod(ms, 60_000)
+    secs = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
+    return f"{minutes}m{secs}s"

@@ -1,0 +1,524 @@
+"""Spend: every response's cost, batched to the database, never lost.
+
+The hot path calls `SpendRecorder.record()` (sync, O(1)); a background task flushes the
+buffer every `flush_interval`. The rules, against the known ways gateways lose spend:
+
+- A batch is written in one transaction, idempotent on the event id, and leaves memory only
+  once the commit succeeded (or once it is fsync'd to the journal). Nothing is popped before
+  the write is known to be durable.
+- While the database is down, each tick spills the buffer to a local append-only journal
+  (JSON lines, fsync'd), so memory stays bounded and a `kill -9` loses at most what arrived
+  since the last tick. Database attempts back off exponentially (with jitter) meanwhile.
+- On recovery the journal is replayed in the same transaction as the buffer; ids make a
+  replay after a partial failure (or a crash between commit and truncate) harmless, and
+  only rows actually inserted count towards the shared Redis counters.
+- `close()` (SIGTERM) flushes everything to the database, or to the journal if it is down.
+
+With Redis, each commit adds the inserted costs to `ballast:spend:{key_id}:{period}` so all
+instances read one spend per key. A counter is only ever created by a seed from the
+database sum (SET NX with an expiry); increments never create one, so a counter can never
+start from a partial delta, and any drift (a lost increment, a seed racing a commit) ends
+when the counter expires and is seeded again. The database is the truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.config import ModelPrice
+from ballast.state.db import Database
+from ballast.state.schema import spend_events
+from ballast.state.store import RedisStore, StoreUnavailable
+
+log = logging.getLogger("ballast.spend")
+
+PERIODS = ("total", "day", "month")
+COUNTER_PREFIX = "ballast:spend:"
+
+# Add to a counter only when it exists: a counter is born from a full database sum, never
+# from one batch's delta (that would undercount a key's whole history until it expires).
+_INCR_IF_EXISTS = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return redis.call('INCRBYFLOAT', KEYS[1], ARGV[1])
+end
+return false
+"""
+
+_KeyPeriod = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class SpendEvent:
+    id: str
+    key_id: str
+    period: str
+    model: str
+    deployment: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
+    cached: bool
+    created_at: float
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> SpendEvent:
+        return cls(
+            id=str(row["id"]),
+            key_id=str(row["key_id"]),
+            period=str(row["period"]),
+            model=str(row["model"]),
+            deployment=None if row.get("deployment") is None else str(row["deployment"]),
+            prompt_tokens=int(row["prompt_tokens"]),
+            completion_tokens=int(row["completion_tokens"]),
+            cost=float(row["cost"]),
+            cached=bool(row["cached"]),
+            created_at=float(row["created_at"]),
+        )
+
+
+class SpendUnavailable(Exception):
+    """Neither Redis nor the database can give a key's spend, and none is cached."""
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+def cost_of(
+    prices: Mapping[str, ModelPrice], model: str, prompt_tokens: int, completion_tokens: int
+) -> float:
+    """Dollars for one response; prices are per million tokens. An unpriced model costs 0."""
+    price = prices.get(model)
+    if price is None:
+        return 0.0
+    prompt = max(0, prompt_tokens)
+    completion = max(0, completion_tokens)
+    return (prompt * price.input + completion * price.output) / 1_000_000
+
+
+def period_of(budget_period: str, now: float) -> str:
+    """The period bucket a spend at wall-clock `now` falls in (UTC)."""
+    if budget_period == "total":
+        return "total"
+    if budget_period == "day":
+        return time.strftime("%Y-%m-%d", time.gmtime(now))
+    if budget_period == "month":
+        return time.strftime("%Y-%m", time.gmtime(now))
+    raise ValueError(f"unknown budget period {budget_period!r} (expected one of {PERIODS})")
+
+
+def counter_name(key_id: str, period: str) -> str:
+    return f"{COUNTER_PREFIX}{key_id}:{period}"
+
+
+class SpendRecorder:
+    def __init__(
+        self,
+        db: Database,
+        store: RedisStore | None,
+        journal_path: str,
+        flush_interval: float = 1.0,
+        clock: Clock = SYSTEM_CLOCK,
+        max_backoff: float = 30.0,
+        *,
+        counter_ttl: float = 3600.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.db = db
+        self.store = store
+        self.journal = Path(journal_path)
+        self.replay_journal = self.journal.with_name(self.journal.name + ".replay")
+        self.flush_interval = flush_interval
+        self.clock = clock
+        self.max_backoff = max(max_backoff, flush_interval)
+        self.counter_ttl = counter_ttl
+        self._rng = rng or random.Random()
+        # Events only in memory: new ones, and the batch a flush is writing right now.
+        self._pending: list[SpendEvent] = []
+        self._inflight: list[SpendEvent] = []
+        self._memory_totals: dict[_KeyPeriod, float] = {}
+        # Events in the journal files, not yet known to be committed.
+        self._journal_totals: dict[_KeyPeriod, float] = {}
+        # What this instance committed (inserted rows only), for the cached database sums.
+        self._committed: dict[_KeyPeriod, float] = {}
+        self._db_sums: dict[_KeyPeriod, tuple[float, float]] = {}
+        self._stale_counters: set[str] = set()
+        self._flush_lock = asyncio.Lock()
+        self._journal_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._attempt: asyncio.Task[None] | None = None
+        self._tick_task: asyncio.Future[None] | None = None
+        self.failures = 0
+        self.retry_at = 0.0
+        self.closed = False
+        # Counters for status and tests.
+        self.db_attempts = 0
+        self.spills = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Account for (then replay) a journal left by a previous run; start the flusher."""
+        if self._task is not None:
+            return
+        self.journal.parent.mkdir(parents=True, exist_ok=True)
+        async with self._journal_lock:
+            leftovers = await asyncio.to_thread(self._read_all_journals)
+        for event in leftovers:
+            _add(self._journal_totals, event)
+        if leftovers:
+            log.warning("spend journal: %d events from a previous run; replaying", len(leftovers))
+        await self.flush()
+        self._task = asyncio.create_task(self._run(), name="ballast-spend-flusher")
+
+    async def close(self) -> None:
+        """Flush everything to the database; if it is down, to the journal. Nothing is lost."""
+        self.closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        tick, self._tick_task = self._tick_task, None
+        if tick is not None:
+            with contextlib.suppress(Exception):
+                await tick
+        attempt, self._attempt = self._attempt, None
+        if attempt is not None:
+            with contextlib.suppress(Exception):
+                await attempt
+        await self.flush()
+        if self._pending or self._inflight:  # the journal failed too: say so, loudly
+            log.error(
+                "spend: %d events could be written neither to the database nor to the journal",
+                len(self._pending) + len(self._inflight),
+            )
+
+    # -- hot path ----------------------------------------------------------------------
+
+    def record(self, event: SpendEvent) -> None:
+        """Buffer one event (sync, O(1), never raises)."""
+        try:
+            self._pending.append(event)
+            _add(self._memory_totals, event)
+        except Exception:  # pragma: no cover - a list append and a dict update
+            log.exception("spend: could not buffer an event")
+
+    def unflushed(self, key_id: str, period: str) -> float:
+        """Spend recorded here but not yet known to be in the database (memory + journal)."""
+        kp = (key_id, period)
+        return self._memory_totals.get(kp, 0.0) + self._journal_totals.get(kp, 0.0)
+
+    @property
+    def pending_events(self) -> int:
+        return len(self._pending) + len(self._inflight)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "pending": self.pending_events,
+            "journal": self.journal.exists() or self.replay_journal.exists(),
+            "failures": self.failures,
+            "db_attempts": self.db_attempts,
+            "spills": self.spills,
+        }
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def key_spend(self, key_id: str, period: str) -> float:
+        """A key's spend for a period, across instances: the Redis counter (seeded from the
+        database when missing) when Redis is usable, else the database sum; plus what this
+        instance has not flushed yet."""
+        kp = (key_id, period)
+        local = self.unflushed(key_id, period)
+        if self.store is not None:
+            name = counter_name(key_id, period)
+            try:
+                value = await self.store.call(lambda r: r.get(name))
+            except StoreUnavailable:
+                return await self._committed_total(kp) + local
+            if value is not None:
+                return float(value) + local
+            committed = await self._committed_total(kp)
+            try:
+                seeded = await self.store.call(
+                    lambda r: r.set(name, repr(committed), nx=True, px=int(self.counter_ttl * 1000))
+                )
+                if not seeded:  # another instance seeded it first: use theirs
+                    value = await self.store.call(lambda r: r.get(name))
+                    if value is not None:
+                        committed = float(value)
+            except StoreUnavailable:
+                pass
+            return committed + local
+        return await self._committed_total(kp) + local
+
+    async def _committed_total(self, kp: _KeyPeriod) -> float:
+        """The database sum; while the database is known down (or fails now), the last sum
+        read plus what this instance committed since."""
+        if self.failures == 0 or self.clock.monotonic() >= self.retry_at:
+            base = self._committed.get(kp, 0.0)
+            try:
+                async with self.db.connect() as connection:
+                    result = await connection.execute(
+                        sa.select(sa.func.coalesce(sa.func.sum(spend_events.c.cost), 0.0)).where(
+                            spend_events.c.key_id == kp[0], spend_events.c.period == kp[1]
+                        )
+                    )
+                    total = float(result.scalar_one())
+                self._db_sums[kp] = (total, base)
+                return total
+            except Exception as exc:
+                log.warning("spend: database sum failed (%s); using the cached one", _brief(exc))
+        cached = self._db_sums.get(kp)
+        if cached is None:
+            raise SpendUnavailable(f"no spend known for key {kp[0]} ({kp[1]})")
+        total, base = cached
+        return total + self._committed.get(kp, 0.0) - base
+
+    # -- flushing ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            await self.clock.sleep(self.flush_interval)
+            # Shielded: close() cancels the loop only while it sleeps, never mid-spill.
+            self._tick_task = asyncio.ensure_future(self._tick())
+            await asyncio.shield(self._tick_task)
+
+    async def _tick(self) -> None:
+        try:
+            busy = self._attempt is not None and not self._attempt.done()
+            if busy or self.clock.monotonic() < self.retry_at:
+                # The database is slow or backing off: keep memory bounded and durable.
+                await self._spill_pending()
+            elif self._pending or self._has_journal():
+                self._attempt = asyncio.create_task(self.flush(), name="ballast-spend-flush")
+        except Exception:  # never let the flusher die
+            log.exception("spend: flusher tick failed")
+
+    async def flush(self) -> None:
+        """One attempt now: the journal (if any) and the buffer, in one transaction."""
+        async with self._flush_lock:
+            self._inflight, self._pending = self._inflight + self._pending, []
+            replay: list[SpendEvent] = []
+            if self._has_journal():
+                try:
+                    async with self._journal_lock:
+                        replay = await asyncio.to_thread(self._take_journal)
+                except OSError as exc:
+                    log.error("spend journal unreadable: %s", exc)
+            batch = self._inflight
+            if not batch and not replay:
+                return
+            self.db_attempts += 1
+            try:
+                inserted = await self._insert([*replay, *batch])
+            except Exception as exc:
+                self._on_failure(exc, len(replay), len(batch))
+                await self._spill_inflight()
+                return
+            # Committed: only now does the batch leave memory and the replay file go.
+            self._inflight = []
+            _subtract_all(self._memory_totals, batch, empty=not self._pending)
+            if replay:
+                with contextlib.suppress(FileNotFoundError):
+                    await asyncio.to_thread(self.replay_journal.unlink)
+                _subtract_all(self._journal_totals, replay, empty=not self._has_journal())
+            if self.failures:
+                log.warning("spend: database back after %d failed flushes", self.failures)
+            self.failures = 0
+            self.retry_at = 0.0
+            deltas: dict[_KeyPeriod, float] = {}
+            for event in inserted:
+                _add(deltas, event)
+                _add(self._committed, event)
+            await self._add_to_counters(deltas)
+
+    async def _insert(self, events: Sequence[SpendEvent]) -> list[SpendEvent]:
+        """Write the events in one transaction; return the ones actually inserted."""
+        unique = {event.id: event for event in events}
+        rows = [event.row() for event in unique.values()]
+        make = sqlite_insert if self.db.is_sqlite else pg_insert
+        statement = (
+            make(spend_events)
+            .on_conflict_do_nothing(index_elements=[spend_events.c.id])
+            .returning(spend_events.c.id)
+        )
+        async with self.db.begin() as connection:
+            result = await connection.execute(statement, rows)
+            ids = result.scalars().all()
+        return [unique[i] for i in ids]
+
+    def _on_failure(self, exc: BaseException, replayed: int, batch: int) -> None:
+        self.failures += 1
+        ceiling = min(self.max_backoff, self.flush_interval * 2.0**self.failures)
+        delay = ceiling * self._rng.uniform(0.5, 1.0)
+        self.retry_at = self.clock.monotonic() + delay
+        log.warning(
+            "spend flush failed (%s): %d buffered + %d journaled events kept; retry in %.1fs",
+            _brief(exc),
+            batch,
+            replayed,
+            delay,
+        )
+
+    async def _add_to_counters(self, deltas: Mapping[_KeyPeriod, float]) -> None:
+        if self.store is None or not (deltas or self._stale_counters):
+            return
+        stale = list(self._stale_counters)
+        names = [counter_name(k, p) for k, p in deltas]
+
+        async def run(r: Any) -> Any:
+            pipe = r.pipeline(transaction=False)
+            for name in stale:
+                pipe.delete(name)  # lost an increment: let it be seeded again from the DB
+            for name, delta in zip(names, deltas.values(), strict=True):
+                pipe.eval(_INCR_IF_EXISTS, 1, name, repr(delta))
+            return await pipe.execute()
+
+        try:
+            await self.store.call(run)
+            self._stale_counters.difference_update(stale)
+        except StoreUnavailable:
+            self._stale_counters.update(names)
+
+    # -- the journal -------------------------------------------------------------------
+
+    def _has_journal(self) -> bool:
+        return self.replay_journal.exists() or (
+            self.journal.exists() and self.journal.stat().st_size > 0
+        )
+
+    async def _spill_pending(self) -> None:
+        if not self._pending:
+            return
+        events, self._pending = self._pending, []
+        if await self._spill(events):
+            _subtract_all(self._memory_totals, events, empty=not (self._pending or self._inflight))
+        else:
+            self._pending = events + self._pending
+
+    async def _spill_inflight(self) -> None:
+        events, self._inflight = self._inflight, []
+        if not events:
+            return
+        if await self._spill(events):
+            _subtract_all(self._memory_totals, events, empty=not (self._pending or self._inflight))
+        else:
+            self._pending = events + self._pending
+
+    async def _spill(self, events: list[SpendEvent]) -> bool:
+        """Append the events to the journal and fsync; False (events kept) if that fails."""
+        try:
+            async with self._journal_lock:
+                await asyncio.to_thread(self._append, events)
+        except OSError as exc:
+            log.error("spend journal write failed (%s): %d events kept in memory", exc, len(events))
+            return False
+        for event in events:
+            _add(self._journal_totals, event)
+        self.spills += 1
+        return True
+
+    def _append(self, events: Iterable[SpendEvent]) -> None:
+        self.journal.parent.mkdir(parents=True, exist_ok=True)
+        _append_bytes(self.journal, b"".join(orjson.dumps(e.row()) + b"\n" for e in events))
+
+    def _take_journal(self) -> list[SpendEvent]:
+        """Freeze the journal for a replay: it becomes the replay file (or is appended to the
+        one a failed replay left), and new spills start a fresh journal meanwhile."""
+        if self.journal.exists():
+            if self.replay_journal.exists():
+                _append_bytes(self.replay_journal, self.journal.read_bytes())
+                self.journal.unlink()
+            else:
+                os.replace(self.journal, self.replay_journal)
+            _fsync_dir(self.journal.parent)
+        if not self.replay_journal.exists():
+            return []
+        return _read_journal(self.replay_journal)
+
+    def _read_all_journals(self) -> list[SpendEvent]:
+        events: list[SpendEvent] = []
+        for path in (self.replay_journal, self.journal):
+            if path.exists():
+                events.extend(_read_journal(path))
+        return events
+
+
+def _read_journal(path: Path) -> list[SpendEvent]:
+    events: list[SpendEvent] = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                events.append(SpendEvent.from_row(orjson.loads(line)))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                log.warning("spend journal %s: skipping a torn line %d", path.name, number)
+    return events
+
+
+def _append_bytes(path: Path, data: bytes) -> None:
+    """Append whole lines and fsync."""
+    with open(path, "a+b") as f:
+        if f.tell() > 0:  # a line torn by a crash must not swallow the next one
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                data = b"\n" + data
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _add(totals: dict[_KeyPeriod, float], event: SpendEvent) -> None:
+    kp = (event.key_id, event.period)
+    totals[kp] = totals.get(kp, 0.0) + event.cost
+
+
+def _subtract_all(
+    totals: dict[_KeyPeriod, float], events: Iterable[SpendEvent], *, empty: bool
+) -> None:
+    if empty:  # nothing left in this place: drop float residue too
+        totals.clear()
+        return
+    for event in events:
+        kp = (event.key_id, event.period)
+        left = totals.get(kp, 0.0) - event.cost
+        if abs(left) < 1e-12:
+            totals.pop(kp, None)
+        else:
+            totals[kp] = left
+
+
+def _brief(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__

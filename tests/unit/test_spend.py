@@ -1,0 +1,469 @@
+"""Spend: batching, backoff, the journal, shutdown and crashes, on a real SQLite file.
+
+Database failures are injected at the database boundary: the Database's engine is swapped
+for one whose file cannot be opened, so the driver itself fails."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from ballast.clock import ManualClock
+from ballast.config import ModelPrice
+from ballast.state.db import Database
+from ballast.state.schema import spend_events
+from ballast.state.spend import (
+    SpendEvent,
+    SpendRecorder,
+    SpendUnavailable,
+    cost_of,
+    new_event_id,
+    period_of,
+)
+
+INTERVAL = 1.0
+
+
+class FlakyDatabase(Database):
+    """A real SQLite database whose engine can be switched to one that cannot open its file."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"sqlite+aiosqlite:///{path}")
+        self._good = self.engine
+        self._bad = create_async_engine(
+            f"sqlite+aiosqlite:///{path.parent / 'no-such-dir' / 'x.db'}"
+        )
+        self.begins: list[float] = []
+        self.connects = 0
+        self.clock: ManualClock | None = None
+
+    def set_down(self, down: bool) -> None:
+        self.engine = self._bad if down else self._good
+
+    def begin(self) -> Any:
+        self.begins.append(self.clock.monotonic() if self.clock else time.monotonic())
+        return super().begin()
+
+    def connect(self) -> Any:
+        self.connects += 1
+        return super().connect()
+
+    async def close(self) -> None:
+        await self._bad.dispose()
+        await self._good.dispose()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+async def db(tmp_path: Path, clock: ManualClock) -> AsyncIterator[FlakyDatabase]:
+    database = FlakyDatabase(tmp_path / "spend.db")
+    database.clock = clock
+    await database.upgrade()
+    yield database
+    await database.close()
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Path:
+    return tmp_path / "journal-dir" / "spend.journal"
+
+
+@pytest.fixture
+def make_recorder(
+    db: FlakyDatabase, journal: Path, clock: ManualClock
+) -> Iterator[Callable[..., SpendRecorder]]:
+    made: list[SpendRecorder] = []
+
+    def make(**overrides: Any) -> SpendRecorder:
+        options: dict[str, Any] = {
+            "flush_interval": INTERVAL,
+            "clock": clock,
+            "max_backoff": 8.0,
+            "rng": random.Random(7),
+        }
+        options.update(overrides)
+        recorder = SpendRecorder(db, None, str(journal), **options)
+        made.append(recorder)
+        return recorder
+
+    yield make
+    for recorder in made:  # abandoned recorders must not act after the test
+        if recorder._task is not None:
+            recorder._task.cancel()
+
+
+def event(key: str = "k1", cost: float = 0.25, period: str = "total") -> SpendEvent:
+    return SpendEvent(
+        id=new_event_id(),
+        key_id=key,
+        period=period,
+        model="gpt-x",
+        deployment="dep-a",
+        prompt_tokens=10,
+        completion_tokens=5,
+        cost=cost,
+        cached=False,
+        created_at=1_700_000_000.0,
+    )
+
+
+async def rows(db: Database) -> list[tuple[str, str, float]]:
+    async with db._good.connect() as connection:  # type: ignore[attr-defined]
+        result = await connection.execute(
+            sa.select(spend_events.c.id, spend_events.c.key_id, spend_events.c.cost)
+        )
+        return [(r.id, r.key_id, r.cost) for r in result]
+
+
+def read(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+def write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def journal_ids(journal: Path) -> list[str]:
+    ids: list[str] = []
+    for path in (journal, journal.with_name(journal.name + ".replay")):
+        if path.exists():
+            ids += [orjson.loads(line)["id"] for line in path.read_bytes().splitlines() if line]
+    return ids
+
+
+async def settle(clock: ManualClock, recorder: SpendRecorder) -> None:
+    """Let the flusher run whatever the last clock move woke, to completion, until it is
+    asleep on the clock again."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        tick, attempt = recorder._tick_task, recorder._attempt
+        idle = (tick is None or tick.done()) and (attempt is None or attempt.done())
+        asleep = any(when > clock.monotonic() for when, _, _ in clock._sleepers)
+        if idle and (asleep or recorder._task is None or recorder._task.done()):
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError("flusher did not settle")
+
+
+async def advance(clock: ManualClock, recorder: SpendRecorder, seconds: float) -> None:
+    """Move time one flush interval at a time, letting each tick finish."""
+    steps = round(seconds / INTERVAL)
+    for _ in range(steps):
+        clock.advance(INTERVAL)
+        await settle(clock, recorder)
+
+
+# -- pure functions --------------------------------------------------------------------
+
+
+def test_cost_of() -> None:
+    prices = {"gpt-x": ModelPrice(input=2.5, output=10.0), "free": ModelPrice()}
+    assert cost_of(prices, "gpt-x", 1_000_000, 0) == 2.5
+    assert cost_of(prices, "gpt-x", 1000, 500) == pytest.approx(0.0025 + 0.005)
+    assert cost_of(prices, "free", 1000, 1000) == 0.0
+    assert cost_of(prices, "unknown", 1000, 1000) == 0.0
+    assert cost_of(prices, "gpt-x", -5, -5) == 0.0
+
+
+def test_period_of_is_utc() -> None:
+    # 2024-01-31 23:30 UTC: still January 31st in UTC, whatever the local zone says.
+    now = 1706743800.0
+    assert period_of("day", now) == "2024-01-31"
+    assert period_of("month", now) == "2024-01"
+    assert period_of("day", now + 3600) == "2024-02-01"
+    assert period_of("month", now + 3600) == "2024-02"
+    assert period_of("total", now) == "total"
+    with pytest.raises(ValueError):
+        period_of("week", now)
+
+
+# -- batching --------------------------------------------------------------------------
+
+
+async def test_record_is_buffered_and_flushed_in_one_transaction(
+    db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder], clock: ManualClock
+) -> None:
+    recorder = make_recorder()
+    await recorder.start()
+    events = [event(cost=0.125 * (i % 4)) for i in range(200)]
+    for e in events:
+        recorder.record(e)
+    assert await rows(db) == []
+    assert recorder.unflushed("k1", "total") == pytest.approx(sum(e.cost for e in events))
+    before = len(db.begins)
+
+    await advance(clock, recorder, INTERVAL)  # the flusher's tick
+
+    assert len(db.begins) == before + 1  # one transaction for the whole batch
+    assert sorted(r[0] for r in await rows(db)) == sorted(e.id for e in events)
+    assert recorder.unflushed("k1", "total") == 0.0
+    assert recorder.pending_events == 0
+    assert await recorder.key_spend("k1", "total") == pytest.approx(sum(e.cost for e in events))
+    assert await recorder.key_spend("other", "total") == 0.0
+
+    await advance(clock, recorder, 3 * INTERVAL)  # idle: no database traffic
+    assert len(db.begins) == before + 1
+    await recorder.close()
+
+
+async def test_key_spend_adds_unflushed_and_separates_periods(
+    make_recorder: Callable[..., SpendRecorder],
+) -> None:
+    recorder = make_recorder()
+    await recorder.start()
+    recorder.record(event(cost=1.0, period="2024-01"))
+    await recorder.flush()
+    recorder.record(event(cost=0.5, period="2024-01"))
+    recorder.record(event(cost=7.0, period="2024-02"))
+    assert recorder.unflushed("k1", "2024-01") == 0.5
+    assert await recorder.key_spend("k1", "2024-01") == 1.5
+    assert await recorder.key_spend("k1", "2024-02") == 7.0
+    await recorder.close()
+    assert await recorder.key_spend("k1", "2024-01") == 1.5
+
+
+async def test_duplicate_ids_are_written_once(
+    db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder]
+) -> None:
+    recorder = make_recorder()
+    await recorder.start()
+    e = event(cost=2.0)
+    recorder.record(e)
+    await recorder.flush()
+    recorder.record(e)  # a replayed event: the id makes it a no-op
+    await recorder.flush()
+    assert [r[0] for r in await rows(db)] == [e.id]
+    assert await recorder.key_spend("k1", "total") == 2.0
+    await recorder.close()
+
+
+# -- failures --------------------------------------------------------------------------
+
+
+async def test_failed_flush_keeps_the_batch_and_backs_off(
+    db: FlakyDatabase,
+    make_recorder: Callable[..., SpendRecorder],
+    clock: ManualClock,
+    journal: Path,
+) -> None:
+    recorder = make_recorder(max_backoff=8.0)
+    await recorder.start()
+    recorder.record(event(cost=1.0))
+    await recorder.flush()
+    assert await recorder.key_spend("k1", "total") == 1.0  # a known sum, cached
+    db.set_down(True)
+    recorded: list[SpendEvent] = []
+    attempts_before = len(db.begins)
+
+    for _ in range(40):  # 40 s of steady traffic while the database is down
+        batch = [event(cost=0.5) for _ in range(3)]
+        recorded += batch
+        for e in batch:
+            recorder.record(e)
+        await advance(clock, recorder, INTERVAL)
+        # Every tick leaves memory empty: the batch is in the journal, fsync'd.
+        assert recorder.pending_events == 0
+
+    attempts = db.begins[attempts_before:]
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert 5 <= len(attempts) <= 15, attempts  # backed off, not one attempt per second
+    assert gaps[:3] == sorted(gaps[:3])  # growing...
+    assert max(gaps) <= 8.0 + INTERVAL  # ...up to max_backoff (plus tick granularity)
+    assert await rows(db) != []  # only the one event flushed before the outage
+    assert len(await rows(db)) == 1
+    assert sorted(journal_ids(journal)) == sorted(e.id for e in recorded)
+    assert recorder.unflushed("k1", "total") == pytest.approx(0.5 * len(recorded))
+
+    # While the database is known down, budget checks make no database calls: the last
+    # known sum plus what is unflushed.
+    connects = db.connects
+    assert await recorder.key_spend("k1", "total") == pytest.approx(1.0 + 0.5 * len(recorded))
+    assert db.connects == connects
+
+    db.set_down(False)
+    await advance(clock, recorder, 10 * INTERVAL)
+    ids = [r[0] for r in await rows(db)]
+    assert len(ids) == len(set(ids)) == len(recorded) + 1
+    assert set(ids) >= {e.id for e in recorded}
+    assert journal_ids(journal) == []
+    assert recorder.unflushed("k1", "total") == 0.0
+    assert recorder.failures == 0
+    assert await recorder.key_spend("k1", "total") == pytest.approx(1.0 + 0.5 * len(recorded))
+    await recorder.close()
+
+
+async def test_key_spend_without_any_known_total_says_so(
+    db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder]
+) -> None:
+    recorder = make_recorder()
+    await recorder.start()
+    db.set_down(True)
+    with pytest.raises(SpendUnavailable):
+        await recorder.key_spend("never-seen", "total")
+    assert recorder.unflushed("never-seen", "total") == 0.0
+    db.set_down(False)
+    await recorder.close()
+
+
+async def test_journal_is_replayed_exactly_once(
+    db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder], journal: Path
+) -> None:
+    first = make_recorder()
+    await first.start()
+    db.set_down(True)
+    events = [event(cost=0.75) for _ in range(20)]
+    for e in events:
+        first.record(e)
+    await first.flush()  # fails: spilled
+    saved = read(journal)
+    db.set_down(False)
+    await first.flush()  # replayed and removed
+    assert journal_ids(journal) == []
+    assert sorted(r[0] for r in await rows(db)) == sorted(e.id for e in events)
+    await first.close()
+
+    # A crash between the commit and the journal's removal: the same journal again.
+    write(journal, saved)
+    second = make_recorder()
+    assert second.unflushed("k1", "total") == 0.0
+    await second.start()
+    ids = [r[0] for r in await rows(db)]
+    assert sorted(ids) == sorted(e.id for e in events)  # no duplicates
+    assert await second.key_spend("k1", "total") == pytest.approx(0.75 * 20)
+    assert journal_ids(journal) == []
+    await second.close()
+
+
+async def test_a_torn_journal_line_loses_only_itself(
+    db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder], journal: Path
+) -> None:
+    good = event(cost=1.0)
+    write(journal, orjson.dumps(good.row()) + b"\n" + b'{"id": "torn", "key_')
+    db.set_down(True)
+    recorder = make_recorder()
+    await recorder.start()  # database down at start: starts anyway, keeps the journal
+    later = event(cost=2.0)
+    recorder.record(later)
+    await recorder.flush()  # spills after the torn line without merging into it
+    db.set_down(False)
+    await recorder.flush()
+    assert sorted(r[0] for r in await rows(db)) == sorted([good.id, later.id])
+    await recorder.close()
+
+
+# -- shutdown and crashes --------------------------------------------------------------
+
+
+async def test_close_flushes_everything(
+    db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder]
+) -> None:
+    recorder = make_recorder()
+    await recorder.start()
+    events = [event(cost=0.5) for _ in range(50)]
+    for e in events:
+        recorder.record(e)
+    await recorder.close()
+    assert sorted(r[0] for r in await rows(db)) == sorted(e.id for e in events)
+    assert recorder._task is None
+
+
+async def test_close_with_the_database_down_journals_everything(
+    db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder], journal: Path
+) -> None:
+    recorder = make_recorder()
+    await recorder.start()
+    events = [event(cost=0.5) for _ in range(50)]
+    for e in events:
+        recorder.record(e)
+    db.set_down(True)
+    await recorder.close()
+    assert await rows(db) == []
+    assert sorted(journal_ids(journal)) == sorted(e.id for e in events)
+
+    db.set_down(False)
+    restarted = make_recorder()
+    await restarted.start()
+    assert restarted.unflushed("k1", "total") == 0.0
+    assert sorted(r[0] for r in await rows(db)) == sorted(e.id for e in events)
+    await restarted.close()
+
+
+async def test_kill_9_loses_at_most_the_unflushed_interval(
+    db: FlakyDatabase,
+    make_recorder: Callable[..., SpendRecorder],
+    clock: ManualClock,
+    journal: Path,
+    tmp_path: Path,
+) -> None:
+    victim = make_recorder()
+    await victim.start()
+    recorded: list[SpendEvent] = []
+
+    def traffic(n: int) -> None:
+        for _ in range(n):
+            e = event(cost=0.25)
+            recorded.append(e)
+            victim.record(e)
+
+    traffic(10)
+    await advance(clock, victim, INTERVAL)  # committed
+    db.set_down(True)
+    traffic(10)
+    await advance(clock, victim, INTERVAL)  # the attempt fails: journaled
+    traffic(10)
+    await advance(clock, victim, INTERVAL)  # backing off: journaled
+    traffic(7)  # arrived within the last interval: only in memory
+    lost = {e.id for e in recorded[-victim.pending_events :]}
+    assert len(lost) == 7
+
+    # kill -9: nothing more runs in that process; only its files survive.
+    snapshot = tmp_path / "after-crash"
+    shutil.copytree(journal.parent, snapshot)
+    victim._task.cancel()  # type: ignore[union-attr]
+    shutil.rmtree(journal.parent)
+    shutil.copytree(snapshot, journal.parent)
+
+    db.set_down(False)
+    survivor = make_recorder()
+    await survivor.start()
+    ids = {r[0] for r in await rows(db)}
+    assert ids == {e.id for e in recorded} - lost
+    assert journal_ids(journal) == []
+    await survivor.close()
+
+
+async def test_spill_failure_keeps_events_in_memory(
+    db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder], tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the journal's directory should be")
+    recorder = make_recorder()
+    recorder.journal = blocker / "spend.journal"
+    recorder.replay_journal = blocker / "spend.journal.replay"
+    recorder.record(event(cost=3.0))
+    db.set_down(True)
+    await recorder.flush()  # the database and the journal both fail: keep it
+    assert recorder.pending_events == 1
+    assert recorder.unflushed("k1", "total") == 3.0
+    db.set_down(False)
+    await recorder.flush()
+    assert recorder.pending_events == 0
+    assert len(await rows(db)) == 1
