@@ -10,6 +10,16 @@ echo "== ruff"
 "$BIN/ruff" format --check src tests bench
 echo "== mypy"
 "$BIN/mypy"
+echo "== browser (Debian's chromium, for the dashboard test)"
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "chromium is missing: the dashboard test will be skipped" >&2
+  fi
+fi
+
 echo "== services (Redis, PostgreSQL)"
 services_dir=$(mktemp -d)
 export BALLAST_SERVICES_DIR="$services_dir"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -72,6 +73,10 @@ def serve(
     settings = _load_or_exit(config)
     prepare_serve(log_level, log_format, workers)
     os.environ["BALLAST_CONFIG"] = str(config.resolve())
+    # uvicorn re-raises SIGTERM/SIGINT once its graceful shutdown is over; by then everything
+    # has been flushed, so the re-raised signal ends the command normally (exit 0).
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, lambda signum, frame: None)
     uvicorn.run(
         "ballast.app:app_from_env",
         factory=True,

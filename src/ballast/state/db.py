@@ -13,6 +13,7 @@ from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 log = logging.getLogger("ballast.db")
+logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per plugin is noise
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
