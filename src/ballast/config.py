@@ -70,12 +70,23 @@ class Deployment(_Strict):
         return value.rstrip("/")
 
 
+class CacheSettings(_Strict):
+    """A model group's response cache (off unless the group has a `cache` section)."""
+
+    ttl: float = Field(300.0, gt=0, description="seconds an answer is kept")
+    coalesce: bool = Field(False, description="identical concurrent misses make one call")
+    coalesce_wait: float = Field(30.0, gt=0, description="longest wait for that one call")
+    scope: Literal["key", "global"] = Field("key", description="entries per API key, or shared")
+    max_entry_bytes: int = Field(256 * 1024, ge=1, description="larger answers are not kept")
+
+
 class ModelGroup(_Strict):
     name: str = Field(min_length=1)
     deployments: list[Deployment] = Field(min_length=1)
     fallbacks: list[str] = []
     context_fallbacks: list[str] = []
     strategy: Literal["health", "ordered", "weighted"] = "health"
+    cache: CacheSettings | None = None
 
     @property
     def is_wildcard(self) -> bool:
@@ -88,6 +99,14 @@ class ServerSettings(_Strict):
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024)
     master_key: SecretStr | None = Field(None, description="admin API; also a full-access key")
     dashboard_token: SecretStr | None = Field(None, description="read-only dashboard access")
+    max_in_flight: int = Field(
+        1024, ge=1, description="proxied requests per worker; past it, 503 at once (shed)"
+    )
+    body_timeout: float = Field(30.0, gt=0, description="to receive a request's whole body")
+    header_timeout: float = Field(10.0, gt=0, description="to receive a request's headers")
+    max_header_bytes: int = Field(64 * 1024, ge=1024, description="a request's header block")
+    keepalive_timeout: float = Field(30.0, gt=0, description="an idle client connection")
+    shutdown_grace: float = Field(30.0, ge=0, description="SIGTERM: time to finish requests")
 
 
 class UpstreamSettings(_Strict):
@@ -157,6 +176,63 @@ class StateSettings(_Strict):
     instances: int = Field(1, ge=1, description="gateways sharing the limits (local fallback)")
     spend_flush_interval: float = Field(1.0, gt=0)
     spend_journal: str = "ballast-spend.journal"
+    cache_prefix: str = Field("ballast:cache:", description="Redis key prefix of the cache")
+    cache_local_bytes: int = Field(
+        64 * 1024 * 1024, ge=0, description="in-process response cache size without Redis"
+    )
+
+
+class ObserveSettings(_Strict):
+    tracing: bool = Field(False, description="OpenTelemetry spans (needs the tracing extra)")
+
+
+class JobBreakerSettings(_Strict):
+    """Counts submission and infrastructure failures of one job backend, never a job that
+    is still running. The half-open trial frees itself after `probe_timeout`."""
+
+    failure_threshold: int = Field(3, ge=1)
+    open_time: float = Field(30.0, gt=0)
+    max_open_time: float = Field(600.0, gt=0)
+    probe_timeout: float = Field(600.0, gt=0, description="a trial without a verdict frees")
+
+
+class JobBackendSettings(_Strict):
+    """One serverless job backend. The remote owns the execution timeout; Ballast only gives
+    up on a job after losing contact for longer than `lost_contact_timeout`."""
+
+    protocol: Literal["runpod", "replicate", "http"]
+    url: str
+    api_key: SecretStr | None = None
+    execution_timeout: float | None = Field(600.0, gt=0, description="passed to the remote")
+    typical_duration: float = Field(120.0, gt=0, description="for the progress estimate")
+    poll_interval: float = Field(2.0, gt=0)
+    max_poll_interval: float = Field(30.0, gt=0)
+    request_timeout: float = Field(10.0, gt=0, description="one call to the backend")
+    lost_contact_timeout: float = Field(600.0, gt=0)
+    retention: float = Field(1800.0, gt=0, description="how long the remote keeps results")
+    max_queued: int = Field(1000, ge=0, description="jobs held while the breaker is open")
+    breaker: JobBreakerSettings = JobBreakerSettings()
+    body: dict[str, Any] = Field(default_factory=dict, description="extra submission fields")
+    # The generic `http` protocol: where things are and what its statuses mean.
+    submit_path: str = "/jobs"
+    status_path: str = "/jobs/{id}"
+    cancel_path: str = "/jobs/{id}/cancel"
+    status_map: dict[str, Literal["queued", "running", "succeeded", "failed", "cancelled"]] = {}
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s:]+(:\d+)?(/\S*)?$", value):
+            raise ValueError("not a URL")
+        return value.rstrip("/")
+
+
+class JobsSettings(_Strict):
+    backends: dict[str, JobBackendSettings] = {}
+    lease_time: float = Field(30.0, gt=0, description="a dead instance's jobs move after this")
+    claim_interval: float = Field(0.5, gt=0)
+    max_in_flight: int = Field(64, ge=1, description="backend calls at once per instance")
+    max_wait: float = Field(60.0, ge=0, description="longest GET /v1/jobs/{id}?wait=")
 
 
 class Settings(_Strict):
@@ -165,6 +241,8 @@ class Settings(_Strict):
     upstream: UpstreamSettings = UpstreamSettings()
     routing: RoutingSettings = RoutingSettings()
     state: StateSettings = StateSettings()
+    observe: ObserveSettings = ObserveSettings()
+    jobs: JobsSettings = JobsSettings()
     prices: dict[str, ModelPrice] = Field(
         default_factory=dict, description="per model name as upstreams report it"
     )
@@ -294,6 +372,9 @@ def masked(settings: Settings) -> dict[str, Any]:
             for name in list(dep.get("headers", {})):
                 if name.lower() in {"authorization", "api-key", "x-api-key"}:
                     dep["headers"][name] = "****"
+    for backend in data.get("jobs", {}).get("backends", {}).values():
+        if backend.get("api_key"):
+            backend["api_key"] = "****"
     for key in ("master_key", "dashboard_token"):
         if data["server"].get(key):
             data["server"][key] = "****"

@@ -68,6 +68,7 @@ def test_missing_unknown_revoked_and_expired_keys_get_401(gateway: Gateway) -> N
         gateway.url + "/v1/chat/completions",
         data=json.dumps({"model": "chat", "messages": MESSAGES}).encode(),
         method="POST",
+        headers={"content-type": "application/json"},
     )
     with pytest.raises(urllib.error.HTTPError) as missing:
         urllib.request.urlopen(anonymous, timeout=5)

@@ -70,8 +70,8 @@ def start_gateway(stack: Stack, tmp_path: Path) -> tuple[subprocess.Popen[bytes]
         env={**os.environ},
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # generous: the suite shares two cores
+    while time.monotonic() < deadline and process.poll() is None:
         try:
             with urllib.request.urlopen(url + "/health", timeout=1) as response:
                 if response.status == 200:
@@ -79,7 +79,8 @@ def start_gateway(stack: Stack, tmp_path: Path) -> tuple[subprocess.Popen[bytes]
         except OSError:
             time.sleep(0.1)
     process.kill()
-    raise AssertionError("the gateway did not start")
+    log = (tmp_path / "gateway.log").read_text(errors="replace")[-2000:]
+    raise AssertionError(f"the gateway did not start:\n{log}")
 
 
 def run_load(url: str, key: str, stop: threading.Event) -> list[tuple[float, int]]:

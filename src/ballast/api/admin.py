@@ -63,8 +63,13 @@ class Generation:
     async def proxy(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         self.in_flight += 1
         trace = Trace(send, time.perf_counter())
+        tracer = self.router.tracer
         try:
-            await self.handlers.proxy(scope, receive, trace.send, path)
+            if tracer is None:
+                await self.handlers.proxy(scope, receive, trace.send, path)
+            else:
+                with tracer.span("ballast.request", path=path):
+                    await self.handlers.proxy(scope, receive, trace.send, path)
         finally:
             self.in_flight -= 1
             if self.in_flight == 0 and self._idle is not None:
@@ -90,6 +95,19 @@ class Generation:
             )
         finally:
             await self.router.close()
+
+
+def process_stats() -> dict[str, Any]:
+    """This worker's footprint, for soak tests and operators: resident memory, open file
+    descriptors and live asyncio tasks (all flat over time when nothing leaks)."""
+    stats: dict[str, Any] = {"tasks": len(asyncio.all_tasks())}
+    try:
+        stats["open_fds"] = len(os.listdir("/proc/self/fd"))
+        with open("/proc/self/statm") as statm:
+            stats["rss_bytes"] = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux
+        pass
+    return stats
 
 
 def _shared_state(router: Router) -> dict[str, Any]:
@@ -288,6 +306,9 @@ class Admin:
             "generation": generation.number,
             "reloads": self.reloads,
             "in_flight": generation.in_flight,
+            "max_in_flight": app.max_in_flight,
+            "shed": app.shed,
+            "process": process_stats(),
             "retiring_generations": len(self._retiring),
             "traffic_bucket_seconds": traffic.BUCKET,
             "models": models,
@@ -401,9 +422,11 @@ class Admin:
         except BaseException:
             await router.close()
             raise
-        handlers = type(old.handlers)(router, settings.server.max_body_bytes)
+        handlers = type(old.handlers)(
+            router, settings.server.max_body_bytes, settings.server.body_timeout
+        )
         for name, value in vars(old.handlers).items():
-            if name not in ("router", "max_body_bytes"):
+            if name not in ("router", "max_body_bytes", "body_timeout"):
                 setattr(handlers, name, value)  # what start-up attached (e.g. access control)
         new = Generation(old.number + 1, settings, router, handlers, app.observer)
         # The swap itself: no await between these lines, so no request sees half of it.

@@ -21,6 +21,7 @@ import orjson
 
 from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import Deployment, ModelGroup, Settings
+from ballast.observe.tracing import build_tracer
 from ballast.routing import classify
 from ballast.routing.breaker import BreakerConfig, CircuitBreaker, Permit
 from ballast.routing.budget import RetryBudget, backoff_delay
@@ -118,6 +119,7 @@ class Router:
         self._by_group: dict[str, list[Target]] = {}
         self._exact: dict[str, ModelGroup] = {}
         self._wildcards: list[ModelGroup] = []
+        self.tracer = build_tracer(settings.observe.tracing)
         self.database = database or Database(settings.state.database_url)
         self.store = store
         self.sessions = SessionStore(self.database)
@@ -383,6 +385,20 @@ class Router:
         """Run `call` on the deployment, through a remote resource handle where it uses one.
         Exactly a `sampling_run_inactive` 409 (or an expired run token) replaces the handle
         that failed and retries once; any other answer is returned as it is."""
+        if self.tracer is not None:
+            with self.tracer.span(
+                "ballast.attempt", deployment=target.id, model=model, stream=request.stream
+            ):
+                return await self._via_handle(target, request, model, call)
+        return await self._via_handle(target, request, model, call)
+
+    async def _via_handle(
+        self,
+        target: Target,
+        request: ProxyRequest,
+        model: str,
+        call: Callable[[Route | None], Awaitable[T]],
+    ) -> T:
         cache = target.handles
         if cache is None:
             return await call(None)

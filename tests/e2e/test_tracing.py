@@ -1,0 +1,60 @@
+"""OpenTelemetry spans: one per request and one per upstream attempt, only when configured."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.stack import Stack, deployment, group
+
+trace = pytest.importorskip("opentelemetry.trace")
+sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
+export = pytest.importorskip("opentelemetry.sdk.trace.export")
+in_memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def spans() -> Iterator[object]:
+    exporter = in_memory.InMemorySpanExporter()
+    provider = sdk_trace.TracerProvider()
+    provider.add_span_processor(export.SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    yield exporter
+
+
+def test_spans_per_request_and_per_attempt(stack: Stack, spans: object) -> None:
+    failing, healthy = stack.sim("500"), stack.sim("ok")
+    gw = stack.gateway(
+        {
+            "observe": {"tracing": True},
+            "models": [
+                group("m", deployment("a", failing), deployment("b", healthy), strategy="ordered")
+            ],
+        }
+    )
+    spans.clear()  # type: ignore[attr-defined]
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-client", max_retries=0)
+    assert client.chat.completions.create(model="m", messages=MESSAGES)
+    finished = spans.get_finished_spans()  # type: ignore[attr-defined]
+    requests = [s for s in finished if s.name == "ballast.request"]
+    attempts = [s for s in finished if s.name == "ballast.attempt"]
+    assert len(requests) == 1
+    assert [s.attributes["ballast.deployment"] for s in attempts] == ["a", "b"]
+    assert attempts[0].status.status_code == trace.StatusCode.ERROR
+    assert attempts[0].attributes["ballast.outcome"] == "server_error"
+    assert attempts[1].status.status_code != trace.StatusCode.ERROR
+    assert all(
+        s.parent is not None and s.parent.span_id == requests[0].context.span_id for s in attempts
+    )
+
+
+def test_no_spans_unless_configured(stack: Stack, spans: object) -> None:
+    gw = stack.gateway({"models": [group("m", deployment("a", stack.sim()))]})
+    spans.clear()  # type: ignore[attr-defined]
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-client", max_retries=0)
+    assert client.chat.completions.create(model="m", messages=MESSAGES)
+    assert spans.get_finished_spans() == ()  # type: ignore[attr-defined]
