@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 
+from ballast.api.protocol import GuardedHttpToolsProtocol
 from ballast.app import BallastApp
 from ballast.config import Settings, parse_settings
 from ballast.sim.server import SimServer, start_sim
@@ -75,8 +76,17 @@ class Stack:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+        # The production protocol, with this gateway's header limits.
+        protocol = type(
+            "Protocol",
+            (GuardedHttpToolsProtocol,),
+            {
+                "header_timeout": settings.server.header_timeout,
+                "max_header_bytes": settings.server.max_header_bytes,
+            },
+        )
         config = uvicorn.Config(
-            app, http="httptools", lifespan="on", log_level="warning", access_log=False
+            app, http=protocol, lifespan="on", log_level="warning", access_log=False
         )
         server = uvicorn.Server(config)
         task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))

@@ -18,10 +18,13 @@ from ballast.api.access import Access
 from ballast.api.admin import Admin, Generation
 from ballast.api.asgi import JSON, Receive, Scope, Send, send_bytes, send_error
 from ballast.api.errors import ApiError
+from ballast.api.jobs import JobsApi
 from ballast.api.keys_admin import KeysAdmin
 from ballast.api.openai import OpenAIHandlers
 from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import Settings
+from ballast.jobs.dispatcher import Dispatcher
+from ballast.jobs.store import JobStore
 from ballast.observe.hub import Observer
 from ballast.routing.router import Router
 from ballast.state.hub import StateHub
@@ -29,6 +32,14 @@ from ballast.state.hub import StateHub
 log = logging.getLogger("ballast")
 
 Route = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OVERLOADED = ApiError(
+    503,
+    "Ballast is at capacity right now; retry shortly.",
+    "api_error",
+    "overloaded",
+    headers=((b"retry-after", b"1"),),
+)
 
 
 class BallastApp:
@@ -47,13 +58,24 @@ class BallastApp:
             database=self.state.db,
             store=self.state.store,
         )
-        self.openai = OpenAIHandlers(self.router, settings.server.max_body_bytes)
+        self.openai = OpenAIHandlers(
+            self.router, settings.server.max_body_bytes, settings.server.body_timeout
+        )
         self.ready = False
+        self.in_flight = 0  # proxied requests running in this worker
+        self.max_in_flight = settings.server.max_in_flight
+        self.shed = 0  # requests refused with 503 because max_in_flight was reached
         self.config_path: str | None = None  # set when started from a file (enables reload)
         # A config reload swaps in a new generation; a request runs on the one it began on.
         self.generation = Generation(1, settings, self.router, self.openai, self.observer)
         self.admin = Admin(self)
         KeysAdmin(self.state, settings.server.max_body_bytes).register(self.admin)
+        # Jobs: the dispatcher runs only when job backends are configured.
+        self.job_store = JobStore(self.state.db, clock, settings.jobs.lease_time)
+        self.dispatcher = (
+            Dispatcher(settings.jobs, self.job_store, clock) if settings.jobs.backends else None
+        )
+        self.jobs = JobsApi(settings.jobs, self.job_store, self.dispatcher, clock)
         self._post: dict[str, Route] = {
             "/v1/chat/completions": lambda s, r, w: self.generation.proxy(
                 s, r, w, "/chat/completions"
@@ -78,10 +100,26 @@ class BallastApp:
             routes = self._post if method == "POST" else self._get if method == "GET" else None
             route = routes.get(path) if routes is not None else None
             if route is not None:
+                if routes is self._post:
+                    # Overload protection: a counter check, no queue. Past the bound the
+                    # client is told at once to come back, instead of waiting behind others.
+                    if self.in_flight >= self.max_in_flight:
+                        self.shed += 1
+                        await send_error(send, OVERLOADED, [])
+                        return
+                    self.in_flight += 1
+                    try:
+                        await route(scope, receive, send)
+                    finally:
+                        self.in_flight -= 1
+                    return
                 await route(scope, receive, send)
                 return
             if path.startswith("/admin/"):
                 await self.admin.handle(scope, receive, send)
+                return
+            if path == "/v1/jobs" or path.startswith("/v1/jobs/"):
+                await self.jobs.handle(scope, receive, send)
                 return
             await self._not_found(scope, send, path)
         elif kind == "lifespan":
@@ -113,6 +151,10 @@ class BallastApp:
         )
         await access.start()
         self.openai.access = access
+        self.jobs.access = access
+        if self.dispatcher is not None:
+            self.dispatcher.start()
+        self.openai.cache = self.state.cache
         await self.router.start()
         self.observer.metrics.deployments(self.router.targets)
         self.admin.install_signal_handler()
@@ -124,6 +166,8 @@ class BallastApp:
         await self.router.close()
         if self.openai.access is not None:
             await self.openai.access.close()
+        if self.dispatcher is not None:
+            await self.dispatcher.close()  # in-flight results written, leases handed back
         await self.state.close()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -147,12 +191,17 @@ def app_from_env() -> BallastApp:
     """uvicorn's factory for `ballast serve` (each worker process builds its own app)."""
     import os
 
+    from ballast.api.protocol import GuardedHttpToolsProtocol
     from ballast.config import load_settings
     from ballast.observe.logs import setup_logging
 
     setup_logging(
         os.environ.get("BALLAST_LOG_LEVEL", "info"), os.environ.get("BALLAST_LOG_FORMAT", "text")
     )
-    app = BallastApp(load_settings(os.environ["BALLAST_CONFIG"]))
+    settings = load_settings(os.environ["BALLAST_CONFIG"])
+    GuardedHttpToolsProtocol.configure(
+        settings.server.header_timeout, settings.server.max_header_bytes
+    )
+    app = BallastApp(settings)
     app.config_path = os.environ["BALLAST_CONFIG"]
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -64,11 +65,24 @@ def serve(
             "(off: requests skip that work)"
         ),
     ] = False,
+    grace: Annotated[
+        float | None,
+        typer.Option(help="seconds SIGTERM lets requests finish (overrides server.shutdown_grace)"),
+    ] = None,
+    ssl_certfile: Annotated[
+        Path | None, typer.Option(help="serve HTTPS with this PEM certificate (chain)")
+    ] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(help="the certificate's PEM key")] = None,
 ) -> None:
     """Run the gateway."""
     import uvicorn
 
     from ballast.observe import prepare_serve
+    from ballast.serving import run_server
+
+    if (ssl_certfile is None) != (ssl_keyfile is None):
+        typer.echo("--ssl-certfile and --ssl-keyfile go together", err=True)
+        raise typer.Exit(2)
 
     settings = _load_or_exit(config)
     prepare_serve(log_level, log_format, workers)
@@ -77,21 +91,27 @@ def serve(
     # has been flushed, so the re-raised signal ends the command normally (exit 0).
     for stop_signal in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop_signal, lambda signum, frame: None)
-    uvicorn.run(
+    config_ = uvicorn.Config(
         "ballast.app:app_from_env",
         factory=True,
+        http="ballast.api.protocol:GuardedHttpToolsProtocol",
         host=host or settings.server.host,
         port=settings.server.port if port is None else port,
         workers=workers,
         loop="uvloop",
-        http="httptools",
         lifespan="on",
         access_log=False,
         proxy_headers=proxy_headers,
         server_header=False,
         log_level=log_level if log_level != "info" else "warning",
-        timeout_keep_alive=30,
+        timeout_keep_alive=max(1, round(settings.server.keepalive_timeout)),
+        timeout_graceful_shutdown=math.ceil(
+            settings.server.shutdown_grace if grace is None else grace
+        ),
+        ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+        ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
     )
+    run_server(config_)
 
 
 @cli.command()

@@ -43,7 +43,9 @@ def call(url: str, body: Any, key: str, timeout: float = 10) -> tuple[int, Any]:
         return response.status, json.loads(response.read())
 
 
-def start_gateway(stack: Stack, tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_gateway(
+    stack: Stack, tmp_path: Path, extra_args: list[str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     sim = stack.sim("ok?tokens=8&delay=0.005")
     port = free_port()
     config = {
@@ -64,7 +66,17 @@ def start_gateway(stack: Stack, tmp_path: Path) -> tuple[subprocess.Popen[bytes]
     path = tmp_path / "ballast.yaml"
     path.write_text(yaml.safe_dump(config))
     process = subprocess.Popen(
-        [sys.executable, "-m", "ballast", "serve", "--config", str(path), "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "ballast",
+            "serve",
+            "--config",
+            str(path),
+            "--port",
+            str(port),
+            *(extra_args or []),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=(tmp_path / "gateway.log").open("wb"),
         env={**os.environ},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import openai
@@ -39,8 +40,13 @@ def test_spans_per_request_and_per_attempt(stack: Stack, spans: object) -> None:
     spans.clear()  # type: ignore[attr-defined]
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-client", max_retries=0)
     assert client.chat.completions.create(model="m", messages=MESSAGES)
-    finished = spans.get_finished_spans()  # type: ignore[attr-defined]
-    requests = [s for s in finished if s.name == "ballast.request"]
+    deadline = time.monotonic() + 5
+    while True:  # the request span ends just after the client has its answer
+        finished = spans.get_finished_spans()  # type: ignore[attr-defined]
+        requests = [s for s in finished if s.name == "ballast.request"]
+        if requests or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     attempts = [s for s in finished if s.name == "ballast.attempt"]
     assert len(requests) == 1
     assert [s.attributes["ballast.deployment"] for s in attempts] == ["a", "b"]

@@ -188,7 +188,10 @@ class Access:
             completion = int(usage.get("completion_tokens") or 0)
         if ticket.lease is not None:
             task = asyncio.get_running_loop().create_task(
-                self.limiter.release(ticket.lease, prompt + completion if usage else None)
+                # A cached answer used no upstream tokens: it does not count against TPM.
+                self.limiter.release(
+                    ticket.lease, 0 if cached else prompt + completion if usage else None
+                )
             )
             self._background.add(task)
             task.add_done_callback(self._background.discard)

@@ -31,19 +31,72 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+def require_json(scope: Scope) -> None:
+    """415 for a body declared as something other than JSON (a form, multipart, text).
+    A request without a content-type is read as JSON, as OpenAI's own clients send it."""
+    given = header(scope, b"content-type")
+    if given is None or given.startswith(b"application/json"):
+        return
+    kind = given.split(b";", 1)[0].strip().lower()
+    if kind == b"application/json" or kind.endswith(b"+json"):
+        return
+    raise ApiError(
+        415,
+        f"Unsupported content type '{kind[:100].decode('latin-1')}': send the request body "
+        "as JSON with 'content-type: application/json'.",
+        code="unsupported_media_type",
+    )
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"Request body is larger than {limit} bytes.", code="body_too_large")
+
+
+def body_timed_out(timeout: float) -> ApiError:
+    """408 for a body that did not arrive in time; the connection is closed after it."""
+    return ApiError(
+        408,
+        f"The request body did not arrive within {timeout:g}s.",
+        code="request_timeout",
+        headers=((b"connection", b"close"),),
+    )
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int, seconds: float = 30.0) -> bytes:
+    """The whole body, at most `limit` bytes, received within `seconds` (a client
+    trickling its body is cut off with 408 instead of holding the request open)."""
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"Request body is larger than {limit} bytes.", code="body_too_large")
+        raise _too_large(limit)
+    task = asyncio.current_task()
+    assert task is not None
+    fired = False
+
+    def expire() -> None:
+        nonlocal fired
+        fired = True
+        task.cancel()
+
+    cancelling = task.cancelling()
+    timer = asyncio.get_running_loop().call_later(seconds, expire)
+    try:
+        return await _receive_body(receive, limit)
+    except asyncio.CancelledError:
+        if fired and task.uncancel() <= cancelling:
+            raise body_timed_out(seconds) from None
+        raise
+    finally:
+        timer.cancel()
+
+
+async def _receive_body(receive: Receive, limit: int) -> bytes:
     message = await receive()
     if message["type"] == "http.disconnect":
         raise ClientGone
     body: bytes = message.get("body", b"")
     if not message.get("more_body"):
         if len(body) > limit:
-            raise ApiError(
-                413, f"Request body is larger than {limit} bytes.", code="body_too_large"
-            )
+            raise _too_large(limit)
         return body
     parts = [body]
     size = len(body)
@@ -54,9 +107,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise ApiError(
-                413, f"Request body is larger than {limit} bytes.", code="body_too_large"
-            )
+            raise _too_large(limit)
         parts.append(chunk)
         if not message.get("more_body"):
             return b"".join(parts)

@@ -23,16 +23,29 @@ from ballast.api.asgi import (
     Send,
     header,
     read_body,
+    require_json,
     send_bytes,
     send_error,
 )
+from ballast.api.caching import HEADER as CACHE_HEADER
+from ballast.api.caching import (
+    StreamRecorder,
+    mode_of,
+    scope_of,
+    send_hit,
+    settle_hit,
+    take_field,
+    wants_usage,
+)
 from ballast.api.errors import ApiError, bad_request, from_failure, model_not_found
+from ballast.cache.replay import is_complete
 from ballast.routing.classify import Failure
 from ballast.routing.relay import Relay
 from ballast.routing.router import ProxyRequest, Router, is_passthrough
 
 if TYPE_CHECKING:
     from ballast.api.access import Access, Ticket
+    from ballast.cache.service import Lookup, ResponseCache
 
 log = logging.getLogger("ballast.api")
 
@@ -55,6 +68,15 @@ def credential_id(scope: Scope) -> str:
     return hashlib.sha256(given).hexdigest()[:24]
 
 
+# Counts checked before routing (cheap; an absurd value would only fail upstream, or worse,
+# make an upstream try): (name, lowest, highest).
+_BOUNDED = (
+    ("n", 1, 128),
+    ("max_tokens", 0, 1 << 24),
+    ("max_completion_tokens", 0, 1 << 24),
+)
+
+
 def parse_request(path: str, body: bytes) -> ProxyRequest:
     """The client's request as the router needs it; clear 400s for anything unusable."""
     try:
@@ -73,6 +95,12 @@ def parse_request(path: str, body: bytes) -> ProxyRequest:
         raise bad_request("'stream' must be a boolean.", "stream")
     if stream and path == "/embeddings":
         raise bad_request("Embeddings cannot be streamed.", "stream")
+    for name, low, high in _BOUNDED:
+        value = payload.get(name)
+        if value is not None and (
+            type(value) is not int or value < low or value > high  # bool is not a count
+        ):
+            raise bad_request(f"'{name}' must be an integer from {low} to {high}.", name)
     fallbacks: tuple[str, ...] = ()
     if "fallbacks" in payload:
         given = payload.pop("fallbacks")
@@ -98,10 +126,12 @@ def ask_for_usage(request: ProxyRequest) -> bool:
 
 
 class OpenAIHandlers:
-    def __init__(self, router: Router, max_body_bytes: int) -> None:
+    def __init__(self, router: Router, max_body_bytes: int, body_timeout: float = 30.0) -> None:
         self.router = router
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
         self.access: Access | None = None  # set once state is ready at start-up
+        self.cache: ResponseCache | None = None  # likewise; used by groups with `cache`
 
     async def proxy(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         rid = request_id(scope)
@@ -109,10 +139,12 @@ class OpenAIHandlers:
         watch: DisconnectWatch | None = None
         access = self.access
         ticket: Ticket | None = None
+        lookup: Lookup | None = None
         settled = False
         strip_usage = False
         try:
-            body = await read_body(scope, receive, self.max_body_bytes)
+            require_json(scope)
+            body = await read_body(scope, receive, self.max_body_bytes, self.body_timeout)
             request = parse_request(path, body)
             request.request_id = rid.decode("latin-1")
             request.credential = credential_id(scope)
@@ -120,6 +152,7 @@ class OpenAIHandlers:
             group = self.router.resolve(request.model)
             if group is None:
                 raise model_not_found(request.model)
+            cache_field = take_field(request) if "cache" in request.payload else None
             if access is not None:
                 ticket = await access.admit(scope, request)
                 if ticket is not None:
@@ -127,9 +160,34 @@ class OpenAIHandlers:
                         extra.extend(ticket.lease.headers)
                     strip_usage = request.stream and ask_for_usage(request)
             watch = DisconnectWatch(receive)
+            if group.cache is not None and self.cache is not None:
+                lookup = await self.cache.lookup(
+                    request.path,
+                    group.name,
+                    request.payload,
+                    scope_of(ticket, request),
+                    group.cache,
+                    mode_of(scope, cache_field),
+                )
+                extra.append((CACHE_HEADER, lookup.status))
+                if lookup.body is not None:  # a hit: nothing goes upstream
+                    watch.stop()
+                    settled = True
+                    settle_hit(access, ticket, lookup)
+                    await send_hit(send, request, lookup, extra, wants_usage(request, strip_usage))
+                    return
             if request.stream:
+                recorder = None
+                if lookup is not None:  # usage is asked for to be kept with the answer
+                    hide = strip_usage if ticket is not None else ask_for_usage(request)
+                    recorder = StreamRecorder(send, lookup, request.path, hide)
                 relay = await self._stream(
-                    request, group, send, extra, watch, ticket is not None and strip_usage
+                    request,
+                    group,
+                    send if recorder is None else recorder.send,
+                    extra,
+                    watch,
+                    ticket is not None and strip_usage and recorder is None,
                 )
                 if access is not None and relay is not None:
                     settled = True
@@ -152,9 +210,12 @@ class OpenAIHandlers:
                         payload.get("usage"),
                         None,
                     )
-                headers = list(reply.headers)
-                if not any(k == b"content-type" for k, _ in headers):
-                    headers.append(JSON)
+                if lookup is not None and reply.status == 200:
+                    if is_complete(request.path, reply.payload):
+                        await lookup.store(reply.body)
+                # The body parsed as a JSON object, whatever the upstream called it.
+                headers = [h for h in reply.headers if h[0] != b"content-type"]
+                headers.append(JSON)
                 headers.extend(extra)
                 await send_bytes(send, reply.status, headers, reply.body)
         except ApiError as error:
@@ -186,6 +247,8 @@ class OpenAIHandlers:
         finally:
             if ticket is not None and not settled and access is not None:
                 access.settle(ticket, "", None, None)  # frees the parallel slot
+            if lookup is not None:
+                lookup.done()  # identical requests waiting on this one go on without it
 
     async def _stream(
         self,

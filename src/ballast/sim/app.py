@@ -7,6 +7,7 @@ rule for the request's model (``PUT /sim/behaviour``), the ``*`` rule, the app d
 from __future__ import annotations
 
 import asyncio
+import gzip
 import math
 import random
 import socket
@@ -36,6 +37,7 @@ from ballast.sim.bodies import (
     fault_error,
     stream_events,
 )
+from ballast.sim.jobs import add_job_routes
 from ballast.sim.state import SIM_STATE, SimState, mask_secret
 
 BEHAVIOUR_HEADER = "x-sim-behaviour"
@@ -44,6 +46,10 @@ ERROR_OUTCOMES = frozenset({"429", "500", "503", "context_length", "content_filt
 STREAM_ONLY = frozenset({"no_done"})
 POLL_SECONDS = 0.02
 MAX_BODY_BYTES = 64 * 1024 * 1024
+HTML_PAGE = (
+    b"<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway"
+    b"</h1></center><hr><center>nginx</center></body></html>\n"
+)
 
 
 def _gone(request: web.Request) -> bool:
@@ -193,6 +199,8 @@ async def _endpoint(request: web.Request, kind: str) -> web.StreamResponse:
         headers=headers,
     )
 
+    if outcome == "html":
+        return web.Response(status=behaviour.status, body=HTML_PAGE, content_type="text/html")
     if outcome in ERROR_OUTCOMES:
         prompt_tokens = answer.prompt_tokens if answer else count_words(texts)
         auth = request.headers.get("authorization")
@@ -232,6 +240,11 @@ async def _plain(
     data = orjson.dumps(body)
     if outcome == "malformed":
         data = b"{not json"
+    if outcome == "gzip_truncated":
+        return _truncated_gzip(entry, data, "application/json")
+    if outcome == "wrong_type":
+        entry["tokens"] = tokens
+        return web.Response(body=data, content_type="text/html")
     if outcome != "cut":
         entry["tokens"] = tokens
         return web.Response(body=data, content_type="application/json")
@@ -248,6 +261,15 @@ async def _plain(
     return response
 
 
+def _truncated_gzip(entry: dict[str, Any], data: bytes, content_type: str) -> web.Response:
+    """A complete HTTP message whose gzip-encoded body stops halfway through."""
+    packed = gzip.compress(data)
+    entry["tokens"] = 0
+    response = web.Response(body=packed[: len(packed) // 2], content_type=content_type)
+    response.headers["Content-Encoding"] = "gzip"
+    return response
+
+
 async def _stream(
     request: web.Request,
     entry: dict[str, Any],
@@ -258,6 +280,11 @@ async def _stream(
     *,
     chat: bool,
 ) -> web.StreamResponse:
+    if outcome in ("gzip_truncated", "wrong_type"):
+        whole = b"".join([*events, DONE_EVENT])
+        if outcome == "gzip_truncated":
+            return _truncated_gzip(entry, whole, "text/event-stream")
+        return web.Response(body=whole, content_type="application/json")
     first_token = 1 if chat else 0
     fault_at = first_token + min(behaviour.after, len(answer.pieces))
     cut_at = fault_at if outcome == "cut" else -1
@@ -352,4 +379,5 @@ def create_app(
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_get("/health", _health)
     add_admin_routes(app)
+    add_job_routes(app)
     return app

@@ -34,6 +34,11 @@ ALLOWED_PARAMS: dict[str, frozenset[str]] = {
     "content_filter": frozenset({"reason"}),
     "409": frozenset({"code"}),
     "401": frozenset(),
+    # Upstream garbage: an HTML page (an error page of a proxy in front, or a 200), an answer
+    # whose gzip encoding is cut short, and a body labelled with the wrong content-type.
+    "html": frozenset({"status"}),
+    "gzip_truncated": _ANSWER,
+    "wrong_type": _ANSWER,
 }
 
 BEHAVIOUR_NAMES: tuple[str, ...] = tuple(ALLOWED_PARAMS)
@@ -72,6 +77,8 @@ class Behaviour:
     # 409 error code; content_filter reason.
     code: str = "conflict"
     reason: str = "hate"
+    # html: the HTTP status of the page.
+    status: int = 502
 
     @property
     def is_error_mode(self) -> bool:
@@ -118,6 +125,13 @@ def _to_text(key: str, raw: str) -> str:
     return raw
 
 
+def _to_status(key: str, raw: str) -> int:
+    value = _to_int(key, raw, minimum=200)
+    if value > 599:
+        raise ValueError(f"parameter {key!r} must be an HTTP status (200-599), got {value}")
+    return value
+
+
 def _to_seed(key: str, raw: str) -> int:
     return _to_int(key, raw, minimum=-(2**63))
 
@@ -138,6 +152,7 @@ _CONVERTERS: dict[str, Callable[[str, str], Any]] = {
     "at": _to_int,
     "code": _to_text,
     "reason": _to_text,
+    "status": _to_status,
 }
 
 

@@ -47,3 +47,34 @@ service_sessions = sa.Table(
     sa.Column("model", sa.String(200), primary_key=True),
     sa.Column("session_id", sa.String(80), nullable=False),
 )
+
+# Long-running jobs on serverless backends. `holds_slot` is the key's concurrency slot: it is
+# cleared in the same conditional update that makes a job terminal, so slots are always the
+# count of rows that hold one (nothing to recompute, nothing to leak).
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("key_id", sa.String(40), nullable=False),
+    sa.Column("backend", sa.String(200), nullable=False),
+    sa.Column("input", sa.Text, nullable=False),  # JSON
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("holds_slot", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("remote_id", sa.String(200), nullable=True),
+    sa.Column("remote_status", sa.String(64), nullable=True),
+    sa.Column("submissions", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("progress", sa.Float, nullable=True),
+    sa.Column("output", sa.Text, nullable=True),  # JSON
+    sa.Column("error", sa.Text, nullable=True),  # JSON {"message", "code"}
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("submitted_at", sa.Float, nullable=True),
+    sa.Column("finished_at", sa.Float, nullable=True),
+    sa.Column("last_contact_at", sa.Float, nullable=True),
+    sa.Column("next_poll_at", sa.Float, nullable=False),
+    sa.Column("polls", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("lease_owner", sa.String(80), nullable=True),
+    sa.Column("lease_until", sa.Float, nullable=False, server_default="0"),
+    sa.Index("ix_jobs_due", "status", "next_poll_at"),
+    sa.Index("ix_jobs_key", "key_id", "created_at"),
+)

@@ -62,9 +62,14 @@ class RedisStore:
 
     async def call(self, fn: Callable[[redis.Redis], Awaitable[T]]) -> T:
         """Run one Redis operation (or pipeline) through the breaker."""
-        self.calls += 1
+        client = self.client
+
+        async def admitted() -> T:
+            self.calls += 1  # counts only calls that reach the network
+            return await fn(client)
+
         try:
-            return await self.breaker.call(lambda: fn(self.client), self.timeout)
+            return await self.breaker.call(admitted, self.timeout)
         except BreakerOpenError:
             raise StoreUnavailable("breaker open") from None
         except (TimeoutError, RedisError, OSError) as exc:

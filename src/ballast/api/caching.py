@@ -1,0 +1,155 @@
+"""The response cache on the HTTP side: per-request control, serving a hit (as a body or as
+an SSE stream), and watching a streamed miss so its whole answer can be kept.
+
+Per request, either the header `x-ballast-cache` or a body field `cache` (which Ballast strips
+before forwarding) says what the cache may do:
+
+- `on` / `true` (the default): answer from the cache when possible, keep the answer;
+- `refresh` / `{"no-cache": true}`: do not answer from the cache, keep the new answer;
+- `no-store` / `{"no-store": true}`: answer from the cache when possible, keep nothing new;
+- `off` / `false` / `{"no-cache": true, "no-store": true}`: leave the cache alone.
+
+The response says what happened in `x-ballast-cache`: `hit`, `miss` or `bypass`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ballast.api.asgi import EVENT_STREAM, JSON, NO_CACHE, Message, Scope, Send, header, send_bytes
+from ballast.api.errors import bad_request
+from ballast.cache.replay import assemble, replay, split_events
+from ballast.cache.service import DEFAULT, NO_STORE, OFF, REFRESH, Lookup, Mode
+from ballast.routing.router import ProxyRequest
+
+if TYPE_CHECKING:
+    from ballast.api.access import Access, Ticket
+
+HEADER = b"x-ballast-cache"
+_WORDS: dict[str, Mode] = {
+    "on": DEFAULT,
+    "true": DEFAULT,
+    "default": DEFAULT,
+    "refresh": REFRESH,
+    "no-cache": REFRESH,
+    "no-store": NO_STORE,
+    "off": OFF,
+    "false": OFF,
+    "bypass": OFF,
+}
+
+
+def take_field(request: ProxyRequest) -> Any:
+    """Remove the body's `cache` field (never forwarded); returns its value."""
+    value = request.payload.pop("cache")
+    request.raw = orjson.dumps(request.payload)
+    return value
+
+
+def mode_of(scope: Scope, field: Any) -> Mode:
+    """The request's cache mode, from the header (first) or the body field."""
+    given = header(scope, HEADER)
+    if given is not None:
+        mode = _WORDS.get(given.decode("latin-1").strip().lower())
+        if mode is None:
+            raise bad_request(f"'{HEADER.decode()}' must be one of on, refresh, no-store, off.")
+        return mode
+    if field is None or field is True:
+        return DEFAULT
+    if field is False:
+        return OFF
+    if isinstance(field, str) and field.lower() in _WORDS:
+        return _WORDS[field.lower()]
+    if isinstance(field, dict):
+        no_cache, no_store = field.get("no-cache", False), field.get("no-store", False)
+        if isinstance(no_cache, bool) and isinstance(no_store, bool):
+            return Mode(read=not no_cache, write=not no_store)
+    raise bad_request(
+        '\'cache\' must be true, false, "refresh", "no-store" or '
+        '{"no-cache": bool, "no-store": bool}.',
+        "cache",
+    )
+
+
+def scope_of(ticket: Ticket | None, request: ProxyRequest) -> str:
+    """Whose entries these are: the key's id, or the (already hashed) credential when open."""
+    return ticket.key.id if ticket is not None else request.credential
+
+
+def wants_usage(request: ProxyRequest, added_by_us: bool) -> bool:
+    options = request.payload.get("stream_options")
+    return not added_by_us and isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+async def send_hit(
+    send: Send,
+    request: ProxyRequest,
+    lookup: Lookup,
+    extra: list[tuple[bytes, bytes]],
+    include_usage: bool,
+) -> None:
+    assert lookup.body is not None
+    if not request.stream:
+        await send_bytes(send, 200, [JSON, *extra], lookup.body)
+        return
+    body = replay(request.path, lookup.body, include_usage)
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [EVENT_STREAM, NO_CACHE, *extra]}
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class StreamRecorder:
+    """Passes a streamed answer to the client and keeps a copy; when the stream ends whole,
+    the assembled answer is stored before its last bytes go out, so the client's next
+    identical request finds it. Usage that the client did not ask for is kept from the
+    client here (the relay is then asked to leave it in)."""
+
+    __slots__ = ("_send", "events", "lookup", "path", "strip_usage")
+
+    def __init__(self, send: Send, lookup: Lookup, path: str, strip_usage: bool) -> None:
+        self._send = send
+        self.lookup = lookup
+        self.path = path
+        self.strip_usage = strip_usage
+        self.events: list[bytes] = []
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.body":
+            body: bytes = message.get("body", b"")
+            if body:
+                events = split_events(body)
+                self.events.extend(events)
+                if self.strip_usage and b'"usage"' in body:
+                    kept = [e for e in events if not _usage_only(e)]
+                    message = {**message, "body": b"".join(e + b"\n\n" for e in kept)}
+            if not message.get("more_body", False):
+                answer = assemble(self.path, self.events)
+                if answer is not None:
+                    await self.lookup.store(answer)
+        await self._send(message)
+
+
+def _usage_only(event: bytes) -> bool:
+    if b'"usage"' not in event or not event.startswith(b"data:"):
+        return False
+    try:
+        payload = orjson.loads(event[5:])
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(payload, dict) and payload.get("choices") == [] and "usage" in payload
+
+
+def settle_hit(access: Access | None, ticket: Ticket | None, lookup: Lookup) -> None:
+    """A hit counts as a request, costs nothing upstream and uses no TPM."""
+    if access is None or ticket is None:
+        return
+    try:
+        payload = orjson.loads(lookup.body or b"{}")
+    except orjson.JSONDecodeError:
+        payload = None
+    if not isinstance(payload, dict):
+        payload = {}
+    model = payload.get("model")
+    access.settle(ticket, model if isinstance(model, str) else "", payload.get("usage"), None, True)

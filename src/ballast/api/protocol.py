@@ -1,0 +1,92 @@
+"""uvicorn's httptools protocol with the two limits it lacks: a request's headers must arrive
+within `header_timeout` seconds and fit in `max_header_bytes`. A client trickling its headers
+(slowloris) or sending an endless header block gets 408 / 431 and is disconnected, instead of
+holding a connection and a growing buffer for as long as it likes.
+
+Cost on the hot path: one timer armed when a request begins and cancelled when its headers are
+complete; one length check per read while headers are pending."""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+def _raw_error(status: int, message: str, code: str) -> bytes:
+    body = (
+        b'{"error":{"message":"' + message.encode() + b'","type":"invalid_request_error",'
+        b'"param":null,"code":"' + code.encode() + b'"}}'
+    )
+    return b"".join(
+        [
+            b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+    )
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """Set the limits on the class (`configure`) before serving; each worker does so when
+    it builds its app."""
+
+    header_timeout: float = 10.0
+    max_header_bytes: int = 64 * 1024
+
+    _header_timer: asyncio.TimerHandle | None = None
+    _header_bytes: int = 0
+
+    @classmethod
+    def configure(cls, header_timeout: float, max_header_bytes: int) -> None:
+        cls.header_timeout = header_timeout
+        cls.max_header_bytes = max_header_bytes
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_bytes = 0
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _reject(self, status: int, message: str, code: str) -> None:
+        self._disarm()
+        if not self.transport.is_closing():
+            self.transport.write(_raw_error(status, message, code))
+            self.transport.close()
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        self._reject(408, "The request headers did not arrive in time.", "request_timeout")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._header_timer is not None:
+            self._header_bytes += len(data)
+            if self._header_bytes > self.max_header_bytes:
+                self._reject(
+                    431, "The request headers are larger than allowed.", "headers_too_large"
+                )
