@@ -78,3 +78,25 @@ async def test_revoke(db: Database) -> None:
             await connection.execute(sa.select(sa.func.count()).select_from(api_keys))
         ).scalar()
     assert count == 1
+
+
+def test_head_revision_matches_the_migrations() -> None:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from ballast.state.db import HEAD_REVISION, MIGRATIONS
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    assert ScriptDirectory.from_config(config).get_current_head() == HEAD_REVISION
+
+
+async def test_upgrade_is_skipped_when_the_schema_is_current(tmp_path: Path) -> None:
+    database = Database(f"sqlite:///{tmp_path / 'again.db'}")
+    assert await database.revision() is None
+    await database.upgrade()
+    from ballast.state.db import HEAD_REVISION
+
+    assert await database.revision() == HEAD_REVISION
+    await database.upgrade()  # a no-op: nothing to apply
+    await database.close()

@@ -7,12 +7,13 @@ from __future__ import annotations
 import logging
 import zlib
 from collections import OrderedDict
-from typing import Protocol
-
-from redis.asyncio import Redis
+from typing import TYPE_CHECKING, Protocol
 
 from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.state.store import RedisStore, StoreUnavailable
+
+if TYPE_CHECKING:  # redis is imported only when a Redis URL is configured
+    from redis.asyncio import Redis
 
 log = logging.getLogger("ballast.cache")
 

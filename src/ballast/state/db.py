@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 log = logging.getLogger("ballast.db")
 logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per plugin is noise
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# The newest migration. Keep it in step with migrations/versions (a test checks): a database
+# already there is not handed to alembic at all, which keeps it out of the process.
+HEAD_REVISION = "0002"
 
 
 def async_url(url: str) -> str:
@@ -51,10 +52,23 @@ class Database:
 
     async def upgrade(self) -> None:
         """Apply every pending migration (idempotent; serialised across instances)."""
+        if await self.revision() == HEAD_REVISION:
+            return
         async with self.engine.begin() as connection:
             if not self.is_sqlite:
                 await connection.execute(sa.text("SELECT pg_advisory_xact_lock(4242001)"))
             await connection.run_sync(_upgrade)
+
+    async def revision(self) -> str | None:
+        """The schema's current migration, or None for an empty database."""
+        try:
+            async with self.engine.connect() as connection:
+                row = (
+                    await connection.execute(sa.text("SELECT version_num FROM alembic_version"))
+                ).first()
+        except sa.exc.SQLAlchemyError:
+            return None
+        return str(row[0]) if row is not None else None
 
     def connect(self) -> Any:
         return self.engine.connect()
@@ -71,6 +85,9 @@ class Database:
 
 
 def _upgrade(connection: sa.Connection) -> None:
+    from alembic import command
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = connection

@@ -52,14 +52,15 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Final
-
-from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
+from typing import TYPE_CHECKING, Final
 
 from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.routing.breaker import BreakerState
 from ballast.state.store import RedisStore, StoreUnavailable
+
+if TYPE_CHECKING:  # redis is imported only when a Redis URL is configured
+    from redis.asyncio import Redis
+    from redis.commands.core import AsyncScript
 
 log = logging.getLogger("ballast.ratelimit")
 

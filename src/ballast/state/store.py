@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-
-import redis.asyncio as redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import StateSettings
 from ballast.routing.breaker import BreakerConfig, BreakerOpenError, BreakerState, CircuitBreaker
+
+if TYPE_CHECKING:  # redis is imported only when a Redis URL is configured
+    import redis.asyncio as redis
 
 log = logging.getLogger("ballast.redis")
 
@@ -49,8 +47,14 @@ class RedisStore:
             clock,
             on_transition or _log_transition,
         )
+        import redis.asyncio as redis_asyncio
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import RedisError
+
+        self._errors: tuple[type[BaseException], ...] = (TimeoutError, RedisError, OSError)
         # No client-side retries: the breaker decides, and a retry would multiply the wait.
-        self.client: redis.Redis = redis.Redis.from_url(
+        self.client: redis.Redis = redis_asyncio.Redis.from_url(
             url,
             socket_timeout=self.timeout * 4,
             socket_connect_timeout=self.timeout * 4,
@@ -72,7 +76,7 @@ class RedisStore:
             return await self.breaker.call(admitted, self.timeout)
         except BreakerOpenError:
             raise StoreUnavailable("breaker open") from None
-        except (TimeoutError, RedisError, OSError) as exc:
+        except self._errors as exc:
             # A timed-out connection may be out of step with the server (a late reply still
             # on its way): drop the pooled connections so later calls start on fresh ones.
             await self._reset_connections()
@@ -81,7 +85,7 @@ class RedisStore:
     async def _reset_connections(self) -> None:
         try:
             await self.client.connection_pool.disconnect()
-        except (RedisError, OSError):
+        except self._errors:
             log.info("could not close Redis connections cleanly")
 
     @property
