@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 
 from aiohttp import web
 
 from ballast.actor.app import ACTOR, create_app
 from ballast.actor.runs import RunRegistry
+from ballast.aioweb import start_site, wait_for_stop_signal
 from ballast.clock import SYSTEM_CLOCK, Clock
 
 logger = logging.getLogger(__name__)
@@ -77,21 +77,9 @@ async def start_actor(
     )
     # handler_cancellation: a client that goes away ends its handler, and with it the
     # backend request and the run's in-flight mark.
-    runner = web.AppRunner(
-        app, access_log=None, shutdown_timeout=shutdown_timeout, handler_cancellation=True
+    runner, bound = await start_site(
+        app, host, port, shutdown_timeout=shutdown_timeout, handler_cancellation=True
     )
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    bound = port
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            bound = int(address[1])
-            break
     return ActorServer(runner, app, host, bound)
 
 
@@ -122,11 +110,6 @@ def run_actor(
             backend_api_key=backend_api_key,
             shutdown_timeout=10.0,
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
         backend = actor.app[ACTOR].backend_url
         logger.info(
             "actor listening on %s, backend %s, idle timeout %.0f s, token life %.0f s",
@@ -134,7 +117,7 @@ def run_actor(
         )  # fmt: skip
         print(f"ballast actor listening on {actor.url} (backend {backend})", flush=True)
         try:
-            await stop.wait()
+            await wait_for_stop_signal()
         finally:
             await actor.close()
 

@@ -424,13 +424,31 @@ class Router:
 
     # -- the two kinds of exchange ------------------------------------------------------
 
+    async def _judged(self, target: Target, permit: Permit, exchange: Awaitable[T]) -> T:
+        """Run one attempt's exchange; failures get their verdict from the breaker and the
+        deployment's health here, once for both kinds of exchange."""
+        target.health.start()
+        try:
+            result = await exchange
+        except Failure as failure:
+            self.judge(target, permit, failure)
+            target.health.finish(not failure.kind.health_failure)
+            raise
+        except BaseException:
+            target.breaker.release(permit)
+            target.health.abandon()
+            raise
+        target.breaker.record_success(permit)
+        return result
+
     async def complete(self, request: ProxyRequest, group: ModelGroup) -> Reply:
         async def attempt(target: Target, permit: Permit, model: str, state: Attempted) -> Reply:
             body = self.body_for(target, request, model)
-            target.health.start()
             started = self.clock.monotonic()
-            try:
-                reply = await self.via_handle(
+            reply = await self._judged(
+                target,
+                permit,
+                self.via_handle(
                     target,
                     request,
                     model,
@@ -443,16 +461,8 @@ class Router:
                         request.request_id,
                         route,
                     ),
-                )
-            except Failure as failure:
-                self.judge(target, permit, failure)
-                target.health.finish(not failure.kind.health_failure)
-                raise
-            except BaseException:
-                target.breaker.release(permit)
-                target.health.abandon()
-                raise
-            target.breaker.record_success(permit)
+                ),
+            )
             target.health.finish(True, latency=self.clock.monotonic() - started)
             return reply
 
@@ -498,26 +508,20 @@ class Router:
         body_for: Callable[[Target, str], bytes] | None,
     ) -> tuple[Target, UpstreamStream, list[bytes], Attempted]:
         body = body_for(target, model) if body_for else self.body_for(target, request, model)
-        target.health.start()
         started = self.clock.monotonic()
-        try:
-            stream, held = await self.via_handle(
+        stream, held = await self._judged(
+            target,
+            permit,
+            self.via_handle(
                 target,
                 request,
                 model,
                 lambda route: open_stream(
                     target.upstream, request.path, body, self.clock, request.request_id, route
                 ),
-            )
-        except Failure as failure:
-            self.judge(target, permit, failure)
-            target.health.finish(not failure.kind.health_failure)
-            raise
-        except BaseException:
-            target.breaker.release(permit)
-            target.health.abandon()
-            raise
-        target.breaker.record_success(permit)
+            ),
+        )
+        # The stream stays in flight for its health until the relay ends it.
         stream.started = started
         stream.ttft = self.clock.monotonic() - started
         return target, stream, held, attempted

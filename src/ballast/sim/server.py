@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 
 from aiohttp import web
 
+from ballast.aioweb import start_site, wait_for_stop_signal
 from ballast.sim.app import create_app
 
 logger = logging.getLogger(__name__)
@@ -44,20 +44,7 @@ async def start_sim(
 ) -> SimServer:
     """Start a simulator on ``host:port`` (port 0 picks a free port) and return it."""
     app = create_app(default, name=name)
-    # shutdown_timeout bounds how long close() waits for hanging/stalled handlers.
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    bound = port
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            bound = int(address[1])
-            break
+    runner, bound = await start_site(app, host, port, shutdown_timeout=0.5)
     return SimServer(runner, app, host, bound)
 
 
@@ -68,15 +55,10 @@ def run_sim(
 
     async def main() -> None:
         sim = await start_sim(host, port, default, name)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
         logger.info("sim %r listening on %s (default behaviour %r)", name, sim.url, default)
         print(f"ballast sim {name!r} listening on {sim.url}", flush=True)
         try:
-            await stop.wait()
+            await wait_for_stop_signal()
         finally:
             await sim.close()
 

@@ -1,0 +1,47 @@
+"""Serving the small aiohttp services (the simulator, the sampling actor) the same way."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+from aiohttp import web
+
+
+async def start_site(
+    app: web.Application,
+    host: str,
+    port: int,
+    shutdown_timeout: float,
+    handler_cancellation: bool = False,
+) -> tuple[web.AppRunner, int]:
+    """Serve `app` on host:port (0 picks a free port); the runner and the bound port."""
+    # shutdown_timeout bounds how long cleanup waits for hanging handlers.
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout,
+        handler_cancellation=handler_cancellation,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return runner, int(address[1])
+    return runner, port
+
+
+async def wait_for_stop_signal() -> None:
+    """Return on SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
