@@ -640,3 +640,29 @@ TestBreakerMachine = BreakerMachine.TestCase
 TestBreakerMachine.settings = _STATEFUL
 TestSingleProbeMachine = SingleProbeMachine.TestCase
 TestSingleProbeMachine.settings = _STATEFUL
+
+
+def test_an_early_probe_closes_a_recovered_breaker_before_its_open_time() -> None:
+    breaker, _, _ = make(failure_threshold=1, open_time=300.0)
+    breaker.record_failure(breaker.acquire())  # type: ignore[arg-type]
+    assert breaker.state is BreakerState.OPEN and breaker.acquire() is None
+    early = breaker.early_probe()
+    assert early is not None
+    assert breaker.early_probe() is None  # one at a time
+    breaker.record_success(early)
+    assert breaker.state is BreakerState.CLOSED
+
+
+def test_a_failed_early_probe_keeps_it_open_without_growth_and_waits_an_interval() -> None:
+    breaker, clock, _ = make(failure_threshold=1, open_time=10.0, early_probe_interval=1.0)
+    breaker.record_failure(breaker.acquire())  # type: ignore[arg-type]
+    before = breaker.retry_after()
+    early = breaker.early_probe()
+    assert early is not None
+    breaker.record_failure(early)
+    assert breaker.state is BreakerState.OPEN
+    assert breaker.retry_after() == pytest.approx(before)  # no growth, no extension
+    assert breaker.early_probe() is None  # not again within the interval
+    clock.advance(1.01)
+    assert breaker.early_probe() is not None
+    assert breaker.acquire() is None  # ordinary callers still fail fast

@@ -39,6 +39,7 @@ class BreakerConfig:
     max_open_time: float = 300.0
     half_open_probes: int = 1
     probe_timeout: float = 10.0
+    early_probe_interval: float = 1.0  # see CircuitBreaker.early_probe
 
     def __post_init__(self) -> None:
         if self.failure_threshold < 1 or self.half_open_probes < 1 or self.min_calls < 1:
@@ -109,6 +110,8 @@ class CircuitBreaker:
         # and verdicts from an earlier closed period are recognised as stale.
         self._closed_permit = Permit(False, math.inf)
         self.opened_count = 0
+        self._early: Permit | None = None
+        self._last_early = -math.inf
 
     # -- state -------------------------------------------------------------------
 
@@ -176,8 +179,37 @@ class CircuitBreaker:
 
     # -- verdicts ----------------------------------------------------------------
 
+    def early_probe(self) -> Permit | None:
+        """A probe before the open time is up, for when every alternative is open too: the
+        caller has nothing else to try (Envoy's panic routing, bounded to one probe at a time
+        and one per `early_probe_interval`). A success closes the breaker at once, so a
+        deployment that recovered is not kept out for the rest of a long open time; a
+        failure keeps it open without growing the open time."""
+        if self.state is not _OPEN:
+            return None
+        now = self._clock.monotonic()
+        early = self._early
+        if early is not None and early.expires_at > now:
+            return None
+        if now - self._last_early < self.config.early_probe_interval:
+            return None
+        self._last_early = now
+        self._early = Permit(True, now + self.config.probe_timeout)
+        return self._early
+
+    def _settle_early(self, permit: Permit, ok: bool) -> bool:
+        """Handle an early probe's verdict; False when `permit` is not the early probe."""
+        if permit is not self._early:
+            return False
+        self._early = None
+        if ok and permit.expires_at > self._clock.monotonic() and self._state is _OPEN:
+            self._set_state(_CLOSED)
+        return True
+
     def record_success(self, permit: Permit) -> None:
         """The call worked. A live probe's success closes the breaker."""
+        if self._settle_early(permit, True):
+            return
         if permit is self._closed_permit:
             if self._state is _CLOSED:
                 self._consecutive = 0
@@ -190,6 +222,8 @@ class CircuitBreaker:
     def record_failure(self, permit: Permit, retry_after: float | None = None) -> None:
         """The call failed. `retry_after` (the upstream's Retry-After) sets a minimum open
         time if this opens the breaker, or extends an open one; alone it does not open."""
+        if self._settle_early(permit, False):
+            return
         now = self._clock.monotonic()
         if permit.probe:
             if self._take_probe(permit, now):
@@ -224,6 +258,8 @@ class CircuitBreaker:
 
     def release(self, permit: Permit) -> None:
         """No verdict (e.g. the client went away): free a probe slot without judging."""
+        if self._settle_early(permit, False):
+            return
         if permit.probe:
             self._take_probe(permit, self._clock.monotonic())
 

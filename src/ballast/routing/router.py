@@ -272,6 +272,35 @@ class Router:
             index += 1
             if index < len(chain):
                 self.on_event("fallback", {"from": model, "to": chain[index][1]})
+        if state.count == 0:
+            # Every deployment's breaker is open: one early probe may find one recovered.
+            return await self._panic_probe(request, primary, state, attempt)
+        raise self._final_failure(state, primary)
+
+    async def _panic_probe(
+        self,
+        request: ProxyRequest,
+        primary: ModelGroup,
+        state: Attempted,
+        attempt: Callable[[Target, Permit, str, Attempted], Awaitable[T]],
+    ) -> T:
+        """Nothing could be tried because every breaker of the group is open. Rather than
+        keep a deployment that may have recovered out for the rest of a long open time, let
+        this request probe the one due back first (one at a time, at most once a second per
+        deployment); every other request still gets its 503 at once."""
+        candidates = [t for t in self._by_group[primary.name] if not t.drained]
+        for target in sorted(candidates, key=lambda t: t.breaker.retry_after()):
+            permit = target.breaker.early_probe()
+            if permit is None:
+                continue
+            state.count += 1
+            self.on_event("early_probe", {"deployment": target.id})
+            try:
+                return await attempt(target, permit, request.model, state)
+            except Failure as failure:
+                failure.deployment = target.id
+                state.failures.append(failure)
+            break
         raise self._final_failure(state, primary)
 
     async def _run_group(
