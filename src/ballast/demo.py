@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import shutil
 import socket
 import statistics
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import openai
@@ -158,6 +161,7 @@ async def run_demo(
     console = console or Console()
     # The demo has no master key; a fresh read-only token opens its dashboard.
     token = dashboard_token or secrets.token_urlsafe(16)
+    workdir = Path(tempfile.mkdtemp(prefix="ballast-demo-"))
     healthy = SCHEDULE[0][2]
     sims = {
         "a": await start_sim(default=healthy, name="a"),
@@ -166,6 +170,10 @@ async def run_demo(
     settings = parse_settings(
         {
             "server": {"dashboard_token": token},
+            "state": {  # the embedded default, in a throwaway directory
+                "database_url": f"sqlite:///{workdir / 'demo.db'}",
+                "spend_journal": str(workdir / "spend.journal"),
+            },
             "timeouts": {"first_token": 1.0, "inter_chunk": 0.5, "answer": 1.5},
             "routing": {
                 "breaker": {"failure_threshold": 3, "open_time": 1.0, "max_open_time": 3.0}
@@ -239,6 +247,7 @@ async def run_demo(
         await task
         for sim in sims.values():
             await sim.close()
+        shutil.rmtree(workdir, ignore_errors=True)
     total = tally.ok + tally.incomplete + sum(tally.errors.values())
     upstream_failures = sum(
         n for counter in stats.values() for k, n in counter.items() if k != "ok"
