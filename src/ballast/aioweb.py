@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from typing import Self
 
 from aiohttp import web
 
@@ -45,3 +46,27 @@ async def wait_for_stop_signal() -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+class RunningService:
+    """An aiohttp service bound to host:port; closing it ends open requests too."""
+
+    def __init__(self, runner: web.AppRunner, app: web.Application, host: str, port: int) -> None:
+        self._runner = runner
+        self.app = app
+        self.host = host
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def close(self) -> None:
+        await self._runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

@@ -6,43 +6,21 @@ import asyncio
 import contextlib
 import logging
 
-from aiohttp import web
-
 from ballast.actor.app import ACTOR, create_app
 from ballast.actor.runs import RunRegistry
-from ballast.aioweb import start_site, wait_for_stop_signal
+from ballast.aioweb import RunningService, start_site, wait_for_stop_signal
 from ballast.clock import SYSTEM_CLOCK, Clock
 
 logger = logging.getLogger(__name__)
 
 
-class ActorServer:
-    """A running actor bound to ``host:port``."""
-
-    def __init__(self, runner: web.AppRunner, app: web.Application, host: str, port: int) -> None:
-        self._runner = runner
-        self.app = app
-        self.host = host
-        self.port = port
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+class ActorServer(RunningService):
+    """A running actor bound to ``host:port``; closing it ends open requests after a short
+    grace, then the backend pool."""
 
     @property
     def registry(self) -> RunRegistry:
         return self.app[ACTOR].registry
-
-    async def close(self) -> None:
-        """Stop listening, end open requests (after a short grace) and the backend pool."""
-        await self._runner.cleanup()
-
-    async def __aenter__(self) -> ActorServer:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
 
 async def start_actor(

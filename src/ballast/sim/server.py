@@ -6,37 +6,14 @@ import asyncio
 import contextlib
 import logging
 
-from aiohttp import web
-
-from ballast.aioweb import start_site, wait_for_stop_signal
+from ballast.aioweb import RunningService, start_site, wait_for_stop_signal
 from ballast.sim.app import create_app
 
 logger = logging.getLogger(__name__)
 
 
-class SimServer:
+class SimServer(RunningService):
     """A running simulator bound to ``host:port``."""
-
-    def __init__(self, runner: web.AppRunner, app: web.Application, host: str, port: int) -> None:
-        self._runner = runner
-        self.app = app
-        self.host = host
-        self.port = port
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    async def close(self) -> None:
-        """Stop listening and drop open connections (hanging requests end too)."""
-        await self._runner.cleanup()
-
-    async def __aenter__(self) -> SimServer:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
 
 async def start_sim(
