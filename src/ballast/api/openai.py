@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import logging
 import os
@@ -58,14 +57,6 @@ def request_id(scope: Scope) -> bytes:
     if given and len(given) <= 128:
         return given
     return f"{_ID_PREFIX}-{next(_ids)}".encode()
-
-
-def credential_id(scope: Scope) -> str:
-    """A stable, non-reversible id for the client's credential (never the key itself)."""
-    given = header(scope, b"authorization")
-    if not given:
-        return "anonymous"
-    return hashlib.sha256(given).hexdigest()[:24]
 
 
 # Counts checked before routing (cheap; an absurd value would only fail upstream, or worse,
@@ -147,7 +138,7 @@ class OpenAIHandlers:
             body = await read_body(scope, receive, self.max_body_bytes, self.body_timeout)
             request = parse_request(path, body)
             request.request_id = rid.decode("latin-1")
-            request.credential = credential_id(scope)
+            request.authorization = header(scope, b"authorization")
             scope["ballast.request"] = request  # read by the request log and metrics
             group = self.router.resolve(request.model)
             if group is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import hashlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -52,8 +53,18 @@ class ProxyRequest:
     stream: bool
     request_id: str | None = None
     fallbacks: tuple[str, ...] = ()
-    credential: str = "anonymous"  # who is asking: remote resources are kept per credential
+    authorization: bytes | None = None  # the client's Authorization header, as sent
     attempted: Attempted | None = None  # set when routing starts (logs and metrics read it)
+    _credential: str | None = None
+
+    @property
+    def credential(self) -> str:
+        """Who is asking, as a stable, non-reversible id (never the key itself): remote
+        resources are kept per credential. Hashed only for the requests that need it."""
+        if self._credential is None:
+            given = self.authorization
+            self._credential = hashlib.sha256(given).hexdigest()[:24] if given else "anonymous"
+        return self._credential
 
 
 @dataclass(slots=True)
@@ -404,22 +415,37 @@ class Router:
         else:
             breaker.record_success(permit)
 
-    async def via_handle(
+    def via_handle(
+        self,
+        target: Target,
+        request: ProxyRequest,
+        model: str,
+        call: Callable[[Route | None], Awaitable[T]],
+    ) -> Awaitable[T]:
+        """Run `call` on the deployment, through a remote resource handle where it uses one.
+        Exactly a `sampling_run_inactive` 409 (or an expired run token) replaces the handle
+        that failed and retries once; any other answer is returned as it is. A plain
+        deployment without tracing gets `call` itself: no extra frame on the hot path."""
+        if self.tracer is not None:
+            return self._traced(target, request, model, call)
+        if target.handles is None:
+            return call(None)
+        return self._via_handle(target, request, model, call)
+
+    async def _traced(
         self,
         target: Target,
         request: ProxyRequest,
         model: str,
         call: Callable[[Route | None], Awaitable[T]],
     ) -> T:
-        """Run `call` on the deployment, through a remote resource handle where it uses one.
-        Exactly a `sampling_run_inactive` 409 (or an expired run token) replaces the handle
-        that failed and retries once; any other answer is returned as it is."""
-        if self.tracer is not None:
-            with self.tracer.span(
-                "ballast.attempt", deployment=target.id, model=model, stream=request.stream
-            ):
-                return await self._via_handle(target, request, model, call)
-        return await self._via_handle(target, request, model, call)
+        assert self.tracer is not None
+        with self.tracer.span(
+            "ballast.attempt", deployment=target.id, model=model, stream=request.stream
+        ):
+            if target.handles is None:
+                return await call(None)
+            return await self._via_handle(target, request, model, call)
 
     async def _via_handle(
         self,
@@ -429,8 +455,7 @@ class Router:
         call: Callable[[Route | None], Awaitable[T]],
     ) -> T:
         cache = target.handles
-        if cache is None:
-            return await call(None)
+        assert cache is not None
         key = (request.credential, model)
         try:
             handle = await cache.get(key)
@@ -453,28 +478,36 @@ class Router:
 
     # -- the two kinds of exchange ------------------------------------------------------
 
-    async def _judged(self, target: Target, permit: Permit, exchange: Awaitable[T]) -> T:
+    async def _judged(
+        self, target: Target, permit: Permit, exchange: Awaitable[T], finish: bool = False
+    ) -> T:
         """Run one attempt's exchange; failures get their verdict from the breaker and the
-        deployment's health here, once for both kinds of exchange."""
-        target.health.start()
+        deployment's health here, once for both kinds of exchange. `finish` ends the
+        attempt's health record on success too (a stream stays in flight until it ends)."""
+        health = target.health
+        health.start()
+        started = self.clock.monotonic()
         try:
             result = await exchange
         except Failure as failure:
             self.judge(target, permit, failure)
-            target.health.finish(not failure.kind.health_failure)
+            health.finish(not failure.kind.health_failure)
             raise
         except BaseException:
             target.breaker.release(permit)
-            target.health.abandon()
+            health.abandon()
             raise
         target.breaker.record_success(permit)
+        if finish:
+            health.finish(True, latency=self.clock.monotonic() - started)
         return result
 
     async def complete(self, request: ProxyRequest, group: ModelGroup) -> Reply:
-        async def attempt(target: Target, permit: Permit, model: str, state: Attempted) -> Reply:
+        def attempt(
+            target: Target, permit: Permit, model: str, state: Attempted
+        ) -> Awaitable[Reply]:
             body = self.body_for(target, request, model)
-            started = self.clock.monotonic()
-            reply = await self._judged(
+            return self._judged(
                 target,
                 permit,
                 self.via_handle(
@@ -491,9 +524,8 @@ class Router:
                         route,
                     ),
                 ),
+                finish=True,
             )
-            target.health.finish(True, latency=self.clock.monotonic() - started)
-            return reply
 
         try:
             reply = await self.run(request, group, attempt)

@@ -130,6 +130,9 @@ async def fetch(
     return Reply(response.status, relay_headers(response), data, payload)
 
 
+_UNREAD = object()  # an event not parsed yet
+
+
 class UpstreamStream:
     """An open upstream stream. `next_events` yields relayable events (each with its blank-line
     terminator) and raises a Failure on a stall, a cut, a reset or an in-band error."""
@@ -198,33 +201,42 @@ class UpstreamStream:
         return out
 
     def _take(self, event: bytes) -> bool:
-        """Record one event; False for events that must not reach the client."""
-        if event.startswith(b"data:") and b"\n" not in event:
-            data = event[5:]  # the usual one-line event; JSON may keep its leading space
+        """Record one event; False for events that must not reach the client. Runs for every
+        event of every stream, so the usual one-line `data: {...}` event is parsed at once;
+        anything else (several lines, comments, other fields) takes the careful path."""
+        state = self.state
+        if event.startswith(b"data:"):
+            data = event[5:]  # JSON may keep its leading space
+            if len(data) < 16 and data.strip() == b"[DONE]":
+                state.done = True
+                return True
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                payload = _UNREAD
         else:
+            payload = _UNREAD
+        if payload is _UNREAD:
             found = event_data(event)
             if found is None:
                 return False
             data = found
-        if b"[DONE]" in data and data.strip() == b"[DONE]":
-            self.state.done = True
-            return True
-        try:
-            payload = orjson.loads(data)
-        except orjson.JSONDecodeError:
+            if data.strip() == b"[DONE]":
+                state.done = True
+                return True
             try:
-                payload = orjson.loads(data.strip())
+                payload = orjson.loads(data)
             except orjson.JSONDecodeError:
-                self.state.malformed += 1
+                state.malformed += 1
                 return False
-        if isinstance(payload, dict) and "error" in payload and "choices" not in payload:
+        if type(payload) is dict and "error" in payload and "choices" not in payload:
             raise Failure(
                 classify.SERVER_ERROR,
                 "upstream sent an error event mid-stream",
                 body=data.strip(),
                 deployment=self.upstream.id,
             )
-        self.state.observe(payload)
+        state.observe(payload)
         return True
 
     def _finish(self, out: list[bytes]) -> list[bytes]:

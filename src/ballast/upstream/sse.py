@@ -68,30 +68,29 @@ class StreamState:
         return "".join(self.text)
 
     def observe(self, payload: Any) -> None:
-        """Record one parsed data payload (a chat or text completion chunk)."""
+        """Record one parsed data payload (a chat or text completion chunk). Runs for every
+        event of every stream: written for the common shape, with few calls."""
         self.data_events += 1
         if not isinstance(payload, dict):
             return
-        usage = payload.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
         choices = payload.get("choices")
-        if not isinstance(choices, list) or not choices:
-            return
-        choice = choices[0]
-        if not isinstance(choice, dict):
-            return
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            if "role" in delta:
-                self.role_sent = True
-            piece = delta.get("content")
-        else:
-            piece = choice.get("text")
-        if isinstance(piece, str) and piece:
-            self.text.append(piece)
-        if choice.get("finish_reason"):
-            self.finished = True
+        if choices and isinstance(choices, list):
+            choice = choices[0]
+            if isinstance(choice, dict):
+                delta = choice.get("delta")
+                if isinstance(delta, dict):
+                    piece = delta.get("content")
+                    if "role" in delta:
+                        self.role_sent = True
+                else:
+                    piece = choice.get("text")
+                if piece and isinstance(piece, str):
+                    self.text.append(piece)
+                if choice.get("finish_reason"):
+                    self.finished = True
+        usage = payload.get("usage")
+        if usage is not None and isinstance(usage, dict):
+            self.usage = usage
 
 
 def parse_payload(data: bytes) -> Any:
