@@ -157,6 +157,7 @@ class BallastApp:
         self.openai.cache = self.state.cache
         await self.router.start()
         self.observer.metrics.deployments(self.router.targets)
+        self.observer.metrics.start()
         self.admin.install_signal_handler()
         self.ready = True
 
@@ -169,6 +170,7 @@ class BallastApp:
         if self.dispatcher is not None:
             await self.dispatcher.close()  # in-flight results written, leases handed back
         await self.state.close()
+        await self.observer.metrics.close()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

@@ -513,3 +513,59 @@ def _ready(url: str) -> bool:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _scrape_url(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def test_two_workers_report_every_request_whichever_answers_the_scrape(
+    stack: Stack, tmp_path: Path
+) -> None:
+    a = stack.sim("ok?tokens=2", name="a")
+    path = tmp_path / "ballast.yaml"
+    path.write_text(yaml.safe_dump(config(group("chat", deployment("a", a)))))
+    port = free_port()
+    command = [sys.executable, "-m", "ballast", "serve", "--config", str(path)]
+    command += ["--port", str(port), "--workers", "2", "--log-level", "warning"]
+    process = subprocess.Popen(
+        command,
+        env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    url = f"http://127.0.0.1:{port}"
+    total = 24
+    try:
+        wait_for(lambda: _ready(url), timeout=30)
+        for _ in range(total):  # a new connection each: the kernel spreads them over workers
+            status, _ = call(
+                "POST",
+                url + "/v1/chat/completions",
+                MASTER,
+                {"model": "chat", "messages": MESSAGES},
+            )
+            assert status == 200
+
+        def counted() -> bool:
+            # Each scrape may reach either worker; both must see all of them.
+            return all(
+                value(_scrape_url(url), "ballast_requests_total", model="chat", status="200")
+                == total
+                and value(_scrape_url(url), "ballast_request_duration_seconds_count", model="chat")
+                == total
+                for _ in range(4)
+            )
+
+        wait_for(counted, timeout=10)
+    finally:
+        process.terminate()
+        process.wait(15)
+    assert process.returncode == 0

@@ -1,5 +1,7 @@
-"""Prometheus metrics. Every label set is bound once and kept in a dict, so recording a
-request is a dict lookup and a few float additions (no label dicts built per request).
+"""Prometheus metrics. The numbers recorded for every request live in `RequestStats` (plain
+counters, built into Prometheus families when scraped); the router's events (failovers,
+breaker changes, retries...) use prometheus_client's metric objects, each label set bound
+once and kept in a dict.
 
 With `PROMETHEUS_MULTIPROC_DIR` set (`ballast serve --workers N` sets it to a fresh
 directory) the counters and histograms of every worker are summed at scrape time; the
@@ -16,16 +18,15 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ballast.observe.request_stats import RequestStats, Snapshots, StatsCollector
+
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BREAKER_VALUES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 
 
@@ -44,32 +45,6 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         reg: CollectorRegistry | None = None if self._multiproc else self.registry
         self._targets = targets
-        self.requests = Counter(
-            "ballast_requests",
-            "Client requests by model group, deployment, status and outcome.",
-            ("model", "deployment", "status", "outcome"),
-            registry=reg,
-        )
-        self.latency = Histogram(
-            "ballast_request_duration_seconds",
-            "Client request latency, first byte received to last byte sent.",
-            ("model", "deployment"),
-            buckets=LATENCY_BUCKETS,
-            registry=reg,
-        )
-        self.ttft = Histogram(
-            "ballast_time_to_first_token_seconds",
-            "Streams: time from the request to the first byte of the answer sent to the client.",
-            ("model", "deployment"),
-            buckets=TTFT_BUCKETS,
-            registry=reg,
-        )
-        self.attempts = Counter(
-            "ballast_upstream_attempts",
-            "Upstream attempts made for client requests (first tries, retries, continuations).",
-            ("model",),
-            registry=reg,
-        )
         self.retries = Counter(
             "ballast_retries", "Attempts after a request's first.", ("deployment",), registry=reg
         )
@@ -125,40 +100,22 @@ class Metrics:
         self.reloads = Counter(
             "ballast_config_reloads", "Config reloads by result.", ("result",), registry=reg
         )
-        self._request_children: dict[tuple[str, str, str, str], Any] = {}
-        self._timing_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._event_children: dict[tuple[str, ...], Any] = {}
+        self.stats = RequestStats()
+        # The hot path: one call per client request, straight to the counters.
+        self.request = self.stats.record
+        self.snapshots = Snapshots(self.stats, self._multiproc) if self._multiproc else None
         self.registry.register(_LiveCollector(self))
+        self.registry.register(StatsCollector(self.stats))
 
-    # -- hot path --------------------------------------------------------------------
+    def start(self) -> None:
+        """With several workers: share this one's request counters with the others."""
+        if self.snapshots is not None:
+            self.snapshots.start()
 
-    def request(
-        self,
-        model: str,
-        deployment: str,
-        status: int,
-        outcome: str,
-        latency: float,
-        ttft: float | None,
-        attempts: int,
-    ) -> None:
-        key = (model, deployment, str(status), outcome)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self.requests.labels(*key)
-        child.inc()
-        timing = self._timing_children.get((model, deployment))
-        if timing is None:
-            timing = self._timing_children[(model, deployment)] = (
-                self.latency.labels(model, deployment),
-                self.ttft.labels(model, deployment),
-                self.attempts.labels(model),
-            )
-        timing[0].observe(latency)
-        if ttft is not None:
-            timing[1].observe(ttft)
-        if attempts:
-            timing[2].inc(attempts)
+    async def close(self) -> None:
+        if self.snapshots is not None:
+            await self.snapshots.close()
 
     def event(self, name: str, fields: dict[str, Any]) -> None:
         """A router event (the names `Router.on_event` uses)."""
@@ -212,6 +169,8 @@ class Metrics:
             registry = CollectorRegistry(auto_describe=False)
             multiprocess.MultiProcessCollector(registry, self._multiproc)  # type: ignore[no-untyped-call]
             registry.register(_LiveCollector(self))
+            assert self.snapshots is not None
+            registry.register(StatsCollector(self.snapshots.merged()))
             return generate_latest(registry)
         return generate_latest(self.registry)
 
