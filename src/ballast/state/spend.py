@@ -37,8 +37,6 @@ from typing import Any
 
 import orjson
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import ModelPrice
@@ -356,11 +354,18 @@ class SpendRecorder:
         """Write the events in one transaction; return the ones actually inserted."""
         unique = {event.id: event for event in events}
         rows = [event.row() for event in unique.values()]
-        make = sqlite_insert if self.db.is_sqlite else pg_insert
-        statement = (
-            make(spend_events)
-            .on_conflict_do_nothing(index_elements=[spend_events.c.id])
-            .returning(spend_events.c.id)
+        # The dialect's own insert, imported when first used: each process loads one.
+        statement: Any
+        if self.db.is_sqlite:
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            statement = sqlite_insert(spend_events)
+        else:
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            statement = pg_insert(spend_events)
+        statement = statement.on_conflict_do_nothing(index_elements=[spend_events.c.id]).returning(
+            spend_events.c.id
         )
         async with self.db.begin() as connection:
             result = await connection.execute(statement, rows)
