@@ -2,7 +2,8 @@
 wrk.method = "POST"
 wrk.body = '{"model": "bench-model", "messages": [{"role": "user", "content": "hi"}]}'
 wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer sk-bench"
+-- The key comes from BENCH_KEY: a virtual key for the keys+limits+spend variants.
+wrk.headers["Authorization"] = "Bearer " .. (os.getenv("BENCH_KEY") or "sk-bench")
 
 function done(summary, latency, requests)
    local e = summary.errors

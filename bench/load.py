@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -50,8 +51,8 @@ def parse(stdout: str) -> WrkResult:
     raise ValueError("no summary line in wrk output:\n" + stdout[-2000:])
 
 
-def run_wrk(url: str, connections: int, seconds: float) -> WrkResult:
-    """One bounded wrk run at ``connections`` keep-alive connections."""
+def run_wrk(url: str, connections: int, seconds: float, key: str = "sk-bench") -> WrkResult:
+    """One bounded wrk run at ``connections`` keep-alive connections, sending ``key``."""
     threads = 1 if connections == 1 else 2
     cmd = [
         wrk_path(),
@@ -65,7 +66,10 @@ def run_wrk(url: str, connections: int, seconds: float) -> WrkResult:
         str(SCRIPT),
         url,
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30, check=False)
+    env = {**os.environ, "BENCH_KEY": key}
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=seconds + 30, check=False, env=env
+    )
     if done.returncode != 0:
         raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr.strip()[-500:]}")
     return parse(done.stdout)

@@ -179,7 +179,9 @@ def checks(res: Results, gateway: str = "ballast") -> list[Check]:
     r = _ratio(res.peak_rps("ballast-2w"), res.peak_rps(gateway))
     add("peak req/s (any conns): 2 workers / 1", ">= 1.6x", r, "{:.2f}x", r >= 1.6)
     r = _ratio(res.cell("ballast+keys", 32).rps, g32.rps)
-    add("req/s @32: keys+limits+spend / plain", ">= 0.75", r, "{:.2f}", r >= 0.75)
+    add("req/s @32: keys+limits+spend (SQLite) / plain", ">= 0.75", r, "{:.2f}", r >= 0.75)
+    r = _ratio(res.cell("ballast+keys+redis", 32).rps, g32.rps)
+    add("req/s @32: keys+limits+spend (Redis) / plain", ">= 0.75", r, "{:.2f}", r >= 0.75)
     return out
 
 

@@ -58,15 +58,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="short run (~2 minutes)")
     parser.add_argument(
         "--targets",
-        default="direct,bare,ballast,litellm",
+        default="direct,bare,ballast,ballast+keys,ballast+keys+redis,litellm",
         help=f"comma-separated, from {','.join(tg.ALL_TARGETS)}",
     )
     parser.add_argument("--out", type=Path, help="also write the markdown report here")
     parser.add_argument(
         "--ballast-config-extra",
         type=Path,
-        help="YAML merged into Ballast's config for the 'ballast+keys' variant "
-        "(keys, rate limits, spend); adds that target",
+        help="YAML merged into Ballast's config for an extra 'ballast+extra' target",
     )
     parser.add_argument("--duration", type=float, help="seconds per wrk run")
     parser.add_argument("--stream-duration", type=float, help="seconds per streaming run")
@@ -74,13 +73,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp dir of logs")
     args = parser.parse_args(argv)
     names = [t.strip() for t in args.targets.split(",") if t.strip()]
-    if args.ballast_config_extra and "ballast+keys" not in names:
-        names.append("ballast+keys")
-    unknown = [n for n in names if n not in tg.ALL_TARGETS]
+    if args.ballast_config_extra and "ballast+extra" not in names:
+        names.append("ballast+extra")
+    unknown = [n for n in names if n not in (*tg.ALL_TARGETS, "ballast+extra")]
     if unknown:
         parser.error(f"unknown target(s) {unknown}; choose from {tg.ALL_TARGETS}")
-    if "ballast+keys" in names and not args.ballast_config_extra:
-        parser.error("ballast+keys needs --ballast-config-extra FILE")
+    if "ballast+extra" in names and not args.ballast_config_extra:
+        parser.error("ballast+extra needs --ballast-config-extra FILE")
     if "direct" not in names:
         names.insert(0, "direct")  # every added-latency figure is against direct
     args.names = names
@@ -107,6 +106,10 @@ def start_targets(
         elif name == "ballast-2w":
             target = tg.ballast(procs, workdir, upstream, name=name, workers=2)
         elif name == "ballast+keys":
+            target = tg.ballast_with_keys(procs, workdir, upstream, name, None)
+        elif name == "ballast+keys+redis":
+            target = _with_redis(procs, workdir, upstream, name)
+        elif name == "ballast+extra":
             extra: dict[str, Any] = yaml.safe_load(args.ballast_config_extra.read_text()) or {}
             target = tg.ballast(procs, workdir, upstream, name=name, extra=extra)
         else:
@@ -116,10 +119,21 @@ def start_targets(
     return upstream, started
 
 
-def run_streams(url: str, concurrency: int, seconds: float) -> StreamResult:
+def _with_redis(procs: ProcessGroup, workdir: Path, upstream: tg.Upstream, name: str) -> tg.Target:
+    missing = tg.redis_missing()
+    if missing:
+        return tg.Target(name, unavailable=missing)
+    try:
+        url = tg.start_redis(procs, workdir)
+    except RuntimeError as exc:
+        return tg.Target(name, unavailable=str(exc).splitlines()[0])
+    return tg.ballast_with_keys(procs, workdir, upstream, name, url)
+
+
+def run_streams(url: str, concurrency: int, seconds: float, key: str = "sk-bench") -> StreamResult:
     """The streaming client in its own interpreter, so it never shares our event loop."""
     cmd = [sys.executable, str(Path(__file__).with_name("stream_client.py")), url]
-    cmd += ["--concurrency", str(concurrency), "--duration", str(seconds)]
+    cmd += ["--concurrency", str(concurrency), "--duration", str(seconds), "--key", key]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 90, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"stream client failed: {done.stderr.strip()[-500:]}")
@@ -157,7 +171,7 @@ def _note_rss(t: tg.Target, res: Results) -> None:
 def _wrk_cell(t: tg.Target, conns: int, plan: Plan, res: Results, tag: str) -> None:
     before = cpu_seconds(t.pid)
     try:
-        result = run_wrk(t.url, conns, plan.wrk_seconds)
+        result = run_wrk(t.url, conns, plan.wrk_seconds, t.key)
     except _RUN_ERRORS as exc:
         res.failed[t.name] = f"wrk at {conns} connections: {exc}".splitlines()[0]
         return
@@ -173,7 +187,7 @@ def _wrk_cell(t: tg.Target, conns: int, plan: Plan, res: Results, tag: str) -> N
 
 def _stream_cell(t: tg.Target, conc: int, plan: Plan, res: Results, tag: str) -> None:
     try:
-        stream = run_streams(t.stream_url, conc, plan.stream_seconds)
+        stream = run_streams(t.stream_url, conc, plan.stream_seconds, t.key)
     except _RUN_ERRORS as exc:
         res.failed[t.name] = f"streaming at {conc} concurrent: {exc}".splitlines()[0]
         return
@@ -190,8 +204,8 @@ def measure(live: list[tg.Target], res: Results, plan: Plan) -> None:
     started = time.monotonic()
     for t in live:  # warm pools and caches; not recorded
         try:
-            run_wrk(t.url, 8, 1)
-            run_streams(t.stream_url, 8, 0.5)
+            run_wrk(t.url, 8, 1, t.key)
+            run_streams(t.stream_url, 8, 0.5, t.key)
         except _RUN_ERRORS as exc:
             res.failed[t.name] = f"warm-up: {exc}".splitlines()[0]
         wait_idle(t.pid)

@@ -24,7 +24,10 @@ BODY = json.dumps(
         "messages": [{"role": "user", "content": "hi"}],
     }
 ).encode()
-HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer sk-bench"}
+
+
+def headers_for(key: str) -> dict[str, str]:
+    return {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
 
 
 @dataclass
@@ -52,6 +55,7 @@ def _pct(values: list[float], q: float) -> float:
 
 async def _worker(
     session: aiohttp.ClientSession,
+    headers: dict[str, str],
     url: str,
     deadline: float,
     budget: list[int],
@@ -65,7 +69,7 @@ async def _worker(
         first = 0.0
         tail = b""
         try:
-            async with session.post(url, data=BODY, headers=HEADERS) as resp:
+            async with session.post(url, data=BODY, headers=headers) as resp:
                 if resp.status != 200:
                     errors.append(f"HTTP {resp.status}")
                     await resp.read()
@@ -85,9 +89,14 @@ async def _worker(
 
 
 async def run(
-    url: str, concurrency: int, duration: float, max_streams: int = 1_000_000
+    url: str,
+    concurrency: int,
+    duration: float,
+    max_streams: int = 1_000_000,
+    key: str = "sk-bench",
 ) -> StreamResult:
     """Keep ``concurrency`` streams in flight for ``duration`` s (or ``max_streams``)."""
+    headers = headers_for(key)
     ttfc: list[float] = []
     total: list[float] = []
     errors: list[str] = []
@@ -98,7 +107,8 @@ async def run(
         start = time.perf_counter()
         deadline = start + duration
         workers = [
-            _worker(session, url, deadline, budget, ttfc, total, errors) for _ in range(concurrency)
+            _worker(session, headers, url, deadline, budget, ttfc, total, errors)
+            for _ in range(concurrency)
         ]
         await asyncio.wait_for(asyncio.gather(*workers), timeout=duration + 60)
         elapsed = time.perf_counter() - start
@@ -120,6 +130,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--max-streams", type=int, default=1_000_000)
+    parser.add_argument("--key", default="sk-bench", help="API key sent as the bearer token")
     args = parser.parse_args()
     factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     try:
@@ -129,7 +140,9 @@ def main() -> None:
     except ImportError:
         pass
     with asyncio.Runner(loop_factory=factory) as runner:
-        result = runner.run(run(args.url, args.concurrency, args.duration, args.max_streams))
+        result = runner.run(
+            run(args.url, args.concurrency, args.duration, args.max_streams, args.key)
+        )
     print(json.dumps({**asdict(result), "streams_per_s": result.streams_per_s}))
 
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,20 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 LITELLM_VERSION = "1.108.7"
 LITELLM_VENV = BENCH / ".venvs" / "litellm"
-ALL_TARGETS = ("direct", "bare", "ballast", "ballast+keys", "ballast-2w", "litellm")
+ALL_TARGETS = (
+    "direct",
+    "bare",
+    "ballast",
+    "ballast+keys",
+    "ballast+keys+redis",
+    "ballast-2w",
+    "litellm",
+)
+# The keys+limits+spend variants: a virtual key whose limits are far above what the bench
+# can send, so every check runs (key lookup, budget, RPM/TPM/parallel, spend) and none refuses.
+BENCH_MASTER = "bk-bench-master-key"
+KEY_LIMITS = ["--rpm", "100000000", "--tpm", "100000000000", "--max-parallel", "100000"]
+KEY_LIMITS += ["--budget", "1000000000", "--budget-period", "total"]
 
 
 @dataclass
@@ -32,6 +48,7 @@ class Target:
     pid: int = 0
     unavailable: str = ""
     note: str = ""
+    key: str = "sk-bench"  # sent as the bearer token
 
     @property
     def ok(self) -> bool:
@@ -56,6 +73,34 @@ def start_nginx(procs: ProcessGroup, workdir: Path) -> Upstream:
     proc = procs.start(nginx.nginx_command(prefix, port), log)
     wait_ready(f"http://127.0.0.1:{port}/health", proc, 10, prefix / "error.log")
     return Upstream(port, proc.pid)
+
+
+def redis_missing() -> str:
+    """Why the Redis variant cannot run here, or ``""`` when it can."""
+    if not shutil.which("redis-server"):
+        return "redis-server is not installed (apt-get install -y redis-server)"
+    return ""
+
+
+def start_redis(procs: ProcessGroup, workdir: Path) -> str:
+    """A throwaway Redis on a free loopback port (no persistence); returns its URL."""
+    port = free_port()
+    log = workdir / "redis.log"
+    cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    cmd += ["--appendonly", "no", "--dir", str(workdir)]
+    proc = procs.start(cmd, log)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited:\n{log_tail(log)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"redis-server not ready:\n{log_tail(log)}")
 
 
 def direct(upstream: Upstream) -> Target:
@@ -151,6 +196,7 @@ def ballast(
     name: str = "ballast",
     workers: int = 1,
     extra: dict[str, Any] | None = None,
+    key: str = "sk-bench",
 ) -> Target:
     missing = ballast_missing()
     if missing:
@@ -171,7 +217,7 @@ def ballast(
     except RuntimeError as exc:
         procs.stop(proc)
         return Target(name, unavailable=f"did not start: {_first_line(exc)}")
-    problem = _smoke(base + nginx.NON_STREAM_PATH)
+    problem = _smoke(base + nginx.NON_STREAM_PATH, key)
     if problem:
         procs.stop(proc)
         return Target(name, unavailable=f"smoke request failed: {problem}")
@@ -182,7 +228,67 @@ def ballast(
         pid=proc.pid,
         note=f"{workers} worker(s), log level warning if supported"
         + (", with --ballast-config-extra" if extra else ""),
+        key=key,
     )
+
+
+def keys_config(workdir: Path, slug: str, redis_url: str | None) -> dict[str, Any]:
+    """What the keys+limits+spend variants add: a master key, the embedded SQLite database
+    and spend journal in the bench's directory, prices (so spend is computed), and Redis for
+    keys, limits and spend counters when given."""
+    state: dict[str, Any] = {
+        "database_url": f"sqlite:///{workdir / slug}.db",
+        "spend_journal": str(workdir / f"{slug}-spend.journal"),
+    }
+    if redis_url:
+        state["redis_url"] = redis_url
+    return {
+        "server": {"master_key": BENCH_MASTER},
+        "state": state,
+        "prices": {
+            "bench-model": {"input": 1.0, "output": 2.0},
+            "bench-stream": {"input": 1.0, "output": 2.0},
+        },
+    }
+
+
+def ballast_with_keys(
+    procs: ProcessGroup, workdir: Path, upstream: Upstream, name: str, redis_url: str | None
+) -> Target:
+    """Ballast with a virtual key, rate limits, a budget and spend recording."""
+    missing = ballast_missing()
+    if missing:
+        return Target(name, unavailable=missing)
+    slug = name.replace("+", "-")
+    extra = keys_config(workdir, slug, redis_url)
+    conf = workdir / f"{slug}-keys.yaml"
+    conf.write_text(yaml.safe_dump(ballast_config(0, upstream, extra), sort_keys=False))
+    cmd = [sys.executable, "-m", "ballast", "keys", "create", "--config", str(conf)]
+    cmd += ["--name", "bench", *KEY_LIMITS]
+    made = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **_ballast_env()},
+        check=False,
+    )
+    keys = [
+        line.split(":", 1)[1].strip()
+        for line in made.stdout.splitlines()
+        if line.startswith("key:")
+    ]
+    if made.returncode != 0 or not keys:
+        reason = (made.stderr or made.stdout).strip().splitlines()[-1:] or [f"rc {made.returncode}"]
+        return Target(name, unavailable=f"could not create a key: {reason[0]}")
+    target = ballast(procs, workdir, upstream, name=name, extra=extra, key=keys[0])
+    if target.ok:
+        target.note = "1 worker, a virtual key with RPM/TPM/parallel limits and a budget, " + (
+            "spend recorded; keys, limits and spend counters in Redis"
+            if redis_url
+            else "spend recorded; embedded SQLite, local limits"
+        )
+    return target
 
 
 def _first_line(exc: BaseException) -> str:
@@ -190,7 +296,7 @@ def _first_line(exc: BaseException) -> str:
     return " | ".join(text[:1] + text[-2:]) if text else type(exc).__name__
 
 
-def _smoke(url: str) -> str:
+def _smoke(url: str, key: str = "sk-bench") -> str:
     """One real request through a gateway: ``""`` when it answers a completion."""
     import urllib.error
     import urllib.request
@@ -199,7 +305,7 @@ def _smoke(url: str) -> str:
     request = urllib.request.Request(
         url,
         data=body.encode(),
-        headers={"Content-Type": "application/json", "Authorization": "Bearer sk-bench"},
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
         method="POST",
     )
     try:

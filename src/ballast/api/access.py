@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import itertools
 import logging
 import uuid
 from dataclasses import dataclass
@@ -76,7 +77,12 @@ class Access:
         self.prices = settings.prices
         self.enabled = self._master is not None
         self._budget_cache: dict[tuple[str, str], tuple[float, float]] = {}
+        self._refreshing: dict[tuple[str, str], asyncio.Future[float]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        # Spend event ids: unique across processes and restarts (a random prefix per
+        # process) without a random draw per request.
+        self._event_prefix = uuid.uuid4().hex[:16] + "-"
+        self._event_ids = itertools.count(1)
 
     async def start(self) -> None:
         if not self.enabled:
@@ -156,20 +162,38 @@ class Access:
         return Ticket(key, lease, estimated)
 
     async def _spent(self, key: KeyRecord) -> float:
-        """The period's spend, asked of the shared counter at most once a second per key."""
+        """The period's spend: the shared figure, asked at most once a second per key, plus
+        what this instance has not flushed yet. The request that finds the figure old waits
+        for a fresh one; requests arriving while it is asked use the old one (one query,
+        not one per request)."""
         period = period_of(key.budget_period, self.clock.time())
         cache_key = (key.id, period)
         cached = self._budget_cache.get(cache_key)
-        now = self.clock.monotonic()
-        if cached is not None and cached[1] > now:
-            return cached[0] + self.spend.unflushed(key.id, period)
+        unflushed = self.spend.unflushed(key.id, period)
+        if cached is not None and cached[1] > self.clock.monotonic():
+            return cached[0] + unflushed
+        refresh = self._refreshing.get(cache_key)
+        if refresh is not None and cached is not None:
+            return cached[0] + unflushed  # someone is already asking: no herd of queries
+        if refresh is None:
+            # A task of its own: a request that goes away must not cancel it for the others.
+            refresh = asyncio.get_running_loop().create_task(self._refresh(cache_key))
+            self._refreshing[cache_key] = refresh
+            refresh.add_done_callback(lambda _: self._refreshing.pop(cache_key, None))
+        return await asyncio.shield(refresh) + self.spend.unflushed(key.id, period)
+
+    async def _refresh(self, cache_key: tuple[str, str]) -> float:
+        """The committed spend of (key, period), cached for a second."""
+        key_id, period = cache_key
+        unflushed = self.spend.unflushed(key_id, period)  # what key_spend adds on top
         try:
-            spent = await self.spend.key_spend(key.id, period)
+            committed = await self.spend.key_spend(key_id, period) - unflushed
         except Exception:
             log.warning("spend unavailable for a budget check; using the last known figure")
-            return (cached[0] if cached else 0.0) + self.spend.unflushed(key.id, period)
-        self._budget_cache[cache_key] = (spent, now + 1.0)
-        return spent
+            cached = self._budget_cache.get(cache_key)
+            return cached[0] if cached else 0.0
+        self._budget_cache[cache_key] = (committed, self.clock.monotonic() + 1.0)
+        return committed
 
     def settle(
         self,
@@ -201,7 +225,7 @@ class Access:
         cost = 0.0 if cached else cost_of(self.prices, model, prompt, completion)
         self.spend.record(
             SpendEvent(
-                id=uuid.uuid4().hex,
+                id=f"{self._event_prefix}{next(self._event_ids):x}",
                 key_id=ticket.key.id,
                 period=period_of(ticket.key.budget_period, now),
                 model=model,
