@@ -165,8 +165,6 @@ class BallastApp:
         self.ready = False
         await self.admin.close()
         await self.router.close()
-        if self.openai.access is not None:
-            await self.openai.access.close()
         if self.dispatcher is not None:
             await self.dispatcher.close()  # in-flight results written, leases handed back
         await self.state.close()

@@ -174,6 +174,9 @@ class StateSettings(_Strict):
     database_timeout: float = Field(5.0, gt=0)
     key_cache_ttl: float = Field(30.0, ge=0, description="how long a looked-up key is trusted")
     instances: int = Field(1, ge=1, description="gateways sharing the limits (local fallback)")
+    ratelimit_release_delay: float = Field(
+        0.05, ge=0, description="longest a finished request's Redis release waits to be sent"
+    )
     spend_flush_interval: float = Field(1.0, gt=0)
     spend_journal: str = "ballast-spend.journal"
     cache_prefix: str = Field("ballast:cache:", description="Redis key prefix of the cache")

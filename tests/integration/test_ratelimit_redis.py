@@ -179,6 +179,35 @@ async def test_a_release_that_missed_redis_is_applied_by_the_next_acquire(
         assert store_of(a).breaker.state is BreakerState.CLOSED
 
 
+async def test_a_finished_request_costs_no_round_trip_of_its_own(
+    redis_url: str, keys: list[str]
+) -> None:
+    key = new_key()
+    keys.append(key)
+    limits = Limits(key, rpm=None, tpm=1000, max_parallel=1)
+    async for a, b in gateways(redis_url, release_delay=0.2):
+        first = await a.acquire(limits, 600)
+        calls = store_of(a).calls
+        a.release_soon(first, 100)  # deferred: nothing sent yet
+        assert store_of(a).calls == calls
+        # The next acquire carries the release: its slot is free and 500 tokens are back.
+        second = await a.acquire(limits, 500)
+        assert store_of(a).calls == calls + 1
+        assert (b"x-ratelimit-remaining-tokens", b"400") in second.headers
+        # No acquire follows this one: the flush sends it within release_delay, for everyone.
+        a.release_soon(second, 500)
+        with pytest.raises(RateLimited) as info:
+            await b.acquire(limits, 0)
+        assert info.value.reason == "parallel"
+        await asyncio.sleep(0.3)
+        third = await b.acquire(limits, 0)
+        assert (b"x-ratelimit-remaining-tokens", b"400") in third.headers
+        # Shutdown sends what is still deferred.
+        b.release_soon(third, 300)
+        await b.close()
+        assert await a.acquire(limits, 0)
+
+
 # -- Redis misbehaving ------------------------------------------------------------------
 
 

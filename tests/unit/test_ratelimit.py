@@ -182,6 +182,16 @@ async def test_parallel_slots_come_back_on_release_once() -> None:
     await limiter.acquire(lim, 0)
 
 
+async def test_a_local_release_soon_frees_the_slot_at_once() -> None:
+    limiter, _ = make()
+    lim = limits(par=1, tpm=1000)
+    lease = await limiter.acquire(lim, 600)
+    limiter.release_soon(lease, 100)
+    limiter.release_soon(lease, 100)  # once only
+    again = await limiter.acquire(lim, 0)
+    assert (b"x-ratelimit-remaining-tokens", b"900") in again.headers
+
+
 async def test_parallel_is_checked_before_and_independent_of_rpm() -> None:
     limiter, _ = make()
     lim = limits(rpm=3, par=1)

@@ -78,7 +78,6 @@ class Access:
         self.enabled = self._master is not None
         self._budget_cache: dict[tuple[str, str], tuple[float, float]] = {}
         self._refreshing: dict[tuple[str, str], asyncio.Future[float]] = {}
-        self._background: set[asyncio.Task[None]] = set()
         # Spend event ids: unique across processes and restarts (a random prefix per
         # process) without a random draw per request.
         self._event_prefix = uuid.uuid4().hex[:16] + "-"
@@ -211,14 +210,10 @@ class Access:
             prompt = int(usage.get("prompt_tokens") or 0)
             completion = int(usage.get("completion_tokens") or 0)
         if ticket.lease is not None:
-            task = asyncio.get_running_loop().create_task(
-                # A cached answer used no upstream tokens: it does not count against TPM.
-                self.limiter.release(
-                    ticket.lease, 0 if cached else prompt + completion if usage else None
-                )
+            # A cached answer used no upstream tokens: it does not count against TPM.
+            self.limiter.release_soon(
+                ticket.lease, 0 if cached else prompt + completion if usage else None
             )
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
         if ticket.key is MASTER or not isinstance(usage, dict):
             return
         now = self.clock.time()
@@ -237,6 +232,3 @@ class Access:
                 created_at=now,
             )
         )
-
-    async def close(self) -> None:
-        await asyncio.gather(*self._background, return_exceptions=True)

@@ -27,7 +27,12 @@ class StateHub:
         self.db = Database(state.database_url, timeout=state.database_timeout)
         self.store = RedisStore(state.redis_url, state, clock) if state.redis_url else None
         self.keys = KeyService(self.db, self.store, clock, cache_ttl=state.key_cache_ttl)
-        self.limiter = RateLimiter(self.store, instances=state.instances, clock=clock)
+        self.limiter = RateLimiter(
+            self.store,
+            instances=state.instances,
+            clock=clock,
+            release_delay=state.ratelimit_release_delay,
+        )
         self.spend = SpendRecorder(
             self.db, self.store, state.spend_journal, state.spend_flush_interval, clock
         )
@@ -45,6 +50,7 @@ class StateHub:
             log.warning("Redis is unreachable at start-up; serving with local fallbacks")
 
     async def close(self) -> None:
+        await self.limiter.close()
         await self.spend.close()
         if self.store is not None:
             await self.store.close()

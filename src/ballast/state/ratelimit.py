@@ -29,11 +29,15 @@ cluster hash tag:
                               leases are dropped before counting, so a crashed instance's
                               slots come back after `lease_ttl` without anyone's help
 
-`release` is one more small script (drop the lease, reconcile tokens), and costs no round
-trip at all when there is nothing to do. A release that cannot reach Redis is remembered
-and its lease dropped by the key's next acquire script (its token correction is dropped:
-the estimate stands). Retry-After for a full parallel limit is 1 s (no one knows when a
-slot frees); for RPM/TPM it is exact, assuming nothing else is admitted meanwhile.
+Releases (drop the lease, reconcile tokens) cost no round trip of their own on the hot path:
+`release_soon` defers them, and the key's next acquire script applies them before it counts
+(so this instance never sees its own finished requests as in flight), or, when no acquire
+comes, one pipelined flush sends every deferred release within `release_delay`. Other
+instances see a freed slot or a token correction at most that much later. `release` (await)
+sends one at once. A release that cannot reach Redis is remembered and its lease dropped by
+the key's next acquire script (its token correction is dropped: the estimate stands).
+Retry-After for a full parallel limit is 1 s (no one knows when a slot frees); for RPM/TPM
+it is exact, assuming nothing else is admitted meanwhile.
 `x-ratelimit-reset-*` is the time until all current usage has aged out of the window.
 
 Fallback. Without Redis, or whenever the store raises `StoreUnavailable` (its breaker is
@@ -47,6 +51,7 @@ request.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import math
@@ -73,10 +78,35 @@ _REASONS: Final = ("", "requests", "tokens", "parallel")
 
 # KEYS: counters hash, parallel lease set.
 # ARGV: rpm, tpm, max_parallel (-1 = not enforced), cost, lease id, lease ttl (ms),
-#       then ids of leases whose release could not reach Redis earlier.
+#       then releases to apply first, three values each: lease id ('' none), the window
+#       number its tokens were booked in, token delta.
 # Returns: reason (0 admitted, 1 requests, 2 tokens, 3 parallel), window number, ms into
 #          the window, rc, rp, tc, tp (after admission), leases in flight, retry after (ms).
-ACQUIRE_LUA: Final = """
+# Applies the releases in ARGV from index `first` on (KEYS as above).
+_APPLY_RELEASES: Final = """
+local function apply_releases(first)
+  for i = first, #ARGV, 3 do
+    if ARGV[i] ~= '' then redis.call('ZREM', KEYS[2], ARGV[i]) end
+    local d = tonumber(ARGV[i + 2])
+    if d ~= 0 then
+      local w = tonumber(redis.call('HGET', KEYS[1], 'w'))
+      local booked = tonumber(ARGV[i + 1])
+      local f = nil
+      if w == booked then f = 'tc' elseif w == booked + 1 then f = 'tp' end
+      if f then
+        local v = (tonumber(redis.call('HGET', KEYS[1], f)) or 0) + d
+        if v < 0 then v = 0 end
+        redis.call('HSET', KEYS[1], f, v)
+      end
+    end
+  end
+end
+"""
+
+ACQUIRE_LUA: Final = (
+    _APPLY_RELEASES
+    + """
+apply_releases(7)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local W = 60000
@@ -97,7 +127,6 @@ if counted then
     rp, tp = tonumber(h[2]) or 0, tonumber(h[4]) or 0
   end
 end
-for i = 7, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
 local inflight = 0
 if par >= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -138,24 +167,16 @@ if reason == 0 then
 end
 return {reason, win, into, rc, rp, tc, tp, inflight, retry}
 """
+)
 
-# KEYS: counters hash, parallel lease set. ARGV: window number, token delta, lease id ('' none).
-RELEASE_LUA: Final = """
-if ARGV[3] ~= '' then redis.call('ZREM', KEYS[2], ARGV[3]) end
-local d = tonumber(ARGV[2])
-if d ~= 0 then
-  local w = tonumber(redis.call('HGET', KEYS[1], 'w'))
-  local booked = tonumber(ARGV[1])
-  local f = nil
-  if w == booked then f = 'tc' elseif w == booked + 1 then f = 'tp' end
-  if f then
-    local v = (tonumber(redis.call('HGET', KEYS[1], f)) or 0) + d
-    if v < 0 then v = 0 end
-    redis.call('HSET', KEYS[1], f, v)
-  end
-end
+# KEYS: counters hash, parallel lease set. ARGV: releases, three values each (as above).
+RELEASE_LUA: Final = (
+    _APPLY_RELEASES
+    + """
+apply_releases(1)
 return 0
 """
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +283,7 @@ class RateLimiter:
         *,
         lease_ttl: float = 900.0,
         prefix: str = "ballast:rl:",
+        release_delay: float = 0.05,
     ) -> None:
         self._store = store
         self._instances = max(1, instances)
@@ -270,7 +292,11 @@ class RateLimiter:
         self._prefix = prefix
         self._local: dict[str, _LocalKey] = {}
         self._pruned = -1
-        self._pending: dict[str, list[str]] = {}
+        # Releases not yet in Redis, per key: (lease id, window booked, token delta).
+        self._deferred: dict[str, list[tuple[str, int, int]]] = {}
+        self._release_delay = release_delay
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
         self._ids = itertools.count()
         self._id_prefix = os.urandom(6).hex() + ":"
         self._acquire_script: AsyncScript | None = None
@@ -385,10 +411,11 @@ class RateLimiter:
             lease_id,
             self._lease_ttl_ms,
         ]
-        # Leases whose release missed Redis ride along; they go back if this call fails.
-        pending = self._pending.pop(key_id, None)
+        # Deferred releases ride along; they go back if this call fails.
+        pending = self._deferred.pop(key_id, None)
         if pending:
-            args.extend(pending)
+            for release in pending:
+                args.extend(release)
 
         async def run(r: Redis) -> list[int]:
             result: list[int] = await script(keys=keys, args=args, client=r)
@@ -398,7 +425,7 @@ class RateLimiter:
             reply = await self._store.call(run)
         except BaseException:  # unavailable or cancelled: dropping them again is harmless
             if pending:
-                self._pending.setdefault(key_id, []).extend(pending[:_MAX_PENDING])
+                self._keep(key_id, pending)
             raise
         reason, window, into_ms, rc, rp, tc, tp, _inflight, retry_ms = (int(v) for v in reply)
         snap = (into_ms / 1000.0, rc, rp, tc, tp)
@@ -408,19 +435,35 @@ class RateLimiter:
 
     # -- release -----------------------------------------------------------------------
 
-    async def release(self, lease: Lease, actual_tokens: int | None) -> None:
-        """Give the parallel slot back and reconcile TPM with the real usage. Never raises."""
-        if lease.released or lease._kind == _NONE:
+    def release_soon(self, lease: Lease, actual_tokens: int | None) -> None:
+        """Give the parallel slot back and reconcile TPM with the real usage, without a
+        round trip of its own (see the module docstring). Never raises."""
+        release = self._settle(lease, actual_tokens)
+        if release is None:
             return
+        self._deferred.setdefault(lease.key_id, []).append(release)
+        if self._flush_timer is None:
+            loop = asyncio.get_running_loop()
+            self._flush_timer = loop.call_later(self._release_delay, self._start_flush)
+
+    async def release(self, lease: Lease, actual_tokens: int | None) -> None:
+        """As `release_soon`, sent to Redis now. Never raises."""
+        release = self._settle(lease, actual_tokens)
+        if release is not None:
+            await self._send({lease.key_id: [release]})
+
+    def _settle(self, lease: Lease, actual_tokens: int | None) -> tuple[str, int, int] | None:
+        """Release a local lease at once; what a Redis one needs sent, or None."""
+        if lease.released or lease._kind == _NONE:
+            return None
         lease.released = True
         delta = 0 if actual_tokens is None else max(0, actual_tokens) - lease.estimated
-        try:
-            if lease._kind == _LOCAL:
-                self._release_local(lease, delta)
-            else:
-                await self._release_redis(lease, delta)
-        except Exception:  # never fail a finished request over its bookkeeping
-            log.exception("rate limit release failed for a key")
+        if lease._kind == _LOCAL:
+            self._release_local(lease, delta)
+            return None
+        if not lease._lease_id and not delta:
+            return None
+        return (lease._lease_id, lease._window, delta)
 
     def _release_local(self, lease: Lease, delta: int) -> None:
         state = lease._local
@@ -434,26 +477,54 @@ class RateLimiter:
             elif state.window == lease._window + 1:
                 state.tp = max(0, state.tp + delta)
 
-    async def _release_redis(self, lease: Lease, delta: int) -> None:
-        if not lease._lease_id and not delta:
-            return
+    def _start_flush(self) -> None:
+        self._flush_timer = None
+        task = asyncio.get_running_loop().create_task(self.flush())
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def flush(self) -> None:
+        """Send every deferred release now (one pipelined round trip)."""
+        deferred, self._deferred = self._deferred, {}
+        if deferred:
+            await self._send(deferred)
+
+    async def close(self) -> None:
+        """Shutdown: nothing deferred is left behind."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        if self._flushes:
+            await asyncio.gather(*self._flushes, return_exceptions=True)
+        await self.flush()
+
+    async def _send(self, releases: dict[str, list[tuple[str, int, int]]]) -> None:
         script = self._release_script
         assert script is not None and self._store is not None
-        base = f"{self._prefix}{{{lease.key_id}}}"
-        keys = (base, base + ":p")
-        args = (lease._window, delta, lease._lease_id)
 
-        async def run(r: Redis) -> int:
-            result: int = await script(keys=keys, args=args, client=r)
-            return result
+        async def run(r: Redis) -> None:
+            pipe = r.pipeline(transaction=False)
+            for key_id, items in releases.items():
+                base = f"{self._prefix}{{{key_id}}}"
+                args = [value for release in items for value in release]
+                await script(keys=(base, base + ":p"), args=args, client=pipe)
+            await pipe.execute()
 
         try:
             await self._store.call(run)
         except StoreUnavailable:
-            if lease._lease_id:
-                pending = self._pending.setdefault(lease.key_id, [])
-                if len(pending) < _MAX_PENDING:
-                    pending.append(lease._lease_id)
+            for key_id, items in releases.items():
+                self._keep(key_id, items)
+        except Exception:  # never fail a finished request over its bookkeeping
+            log.exception("rate limit release failed")
+
+    def _keep(self, key_id: str, releases: list[tuple[str, int, int]]) -> None:
+        """Releases Redis did not take: their slots go with the key's next acquire (the
+        token corrections are dropped: the estimates stand)."""
+        kept = self._deferred.setdefault(key_id, [])
+        for lease_id, _, _ in releases:
+            if lease_id and len(kept) < _MAX_PENDING:
+                kept.append((lease_id, 0, 0))
 
 
 def _wait(p: int, c: int, need: int, limit: int, into: float) -> float:
