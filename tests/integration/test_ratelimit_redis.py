@@ -208,6 +208,54 @@ async def test_a_finished_request_costs_no_round_trip_of_its_own(
         assert await a.acquire(limits, 0)
 
 
+async def test_concurrent_acquires_share_round_trips_and_stay_exact(
+    redis_url: str, keys: list[str]
+) -> None:
+    key = new_key()
+    keys.append(key)
+    limits = Limits(key, rpm=50, tpm=None, max_parallel=None)
+    async for a, _ in gateways(redis_url, call_timeout=1.0):
+        calls = store_of(a).calls
+        got = await asyncio.gather(*(try_acquire(a, limits) for _ in range(80)))
+        assert sum(lease is not None for lease in got) == 50  # exact, as one by one
+        assert all(lease.shared for lease in got if lease is not None)
+        assert store_of(a).calls - calls < 10  # one pipeline per turn of the loop
+        assert a.fallbacks == 0
+
+
+async def test_an_acquire_abandoned_in_flight_gives_its_slot_back(
+    redis_url: str, keys: list[str]
+) -> None:
+    key = new_key()
+    keys.append(key)
+    limits = Limits(key, rpm=None, tpm=None, max_parallel=1)
+    async for a, b in gateways(redis_url, call_timeout=1.0, release_delay=0.05):
+        waiting = asyncio.ensure_future(a.acquire(limits, 0))
+        await asyncio.sleep(0)  # queued for this turn's pipeline, which Redis will grant
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await asyncio.sleep(0.2)  # the grant came back to nobody and was released
+        assert await try_acquire(b, limits) is not None
+
+
+async def test_scripts_flushed_from_redis_are_loaded_again(redis_url: str, keys: list[str]) -> None:
+    key = new_key()
+    keys.append(key)
+    limits = Limits(key, rpm=100, tpm=None, max_parallel=None)
+    async for a, _ in gateways(redis_url, call_timeout=1.0):
+        await a.acquire(limits, 0)
+        client = redis.Redis.from_url(redis_url)
+        try:
+            await client.script_flush()
+        finally:
+            await client.aclose()
+        leases = await asyncio.gather(a.acquire(limits, 0), a.acquire(limits, 0))
+        assert all(lease.shared for lease in leases)
+        assert (await a.acquire(limits, 0)).shared
+        assert a.fallbacks == 0
+
+
 # -- Redis misbehaving ------------------------------------------------------------------
 
 

@@ -19,8 +19,10 @@ same window (or to the previous one, if the window has rolled since; older is dr
 A request whose estimate alone exceeds the whole TPM limit is admitted only when the key's
 window is empty (it cannot ever fit otherwise), and then books its full estimate.
 
-Redis. One Lua script per `acquire` (one round trip, atomic, Redis server time, never the
-gateway's clock, so instances with skewed clocks agree). Keys, all with the key id as a
+Redis. One Lua script per `acquire` (atomic, Redis server time, never the gateway's clock,
+so instances with skewed clocks agree). The acquires asked in one turn of the event loop go
+out together in one pipeline: under load one round trip serves many requests, and each
+script still runs on its own, so the limits are exactly as strict. Keys, all with the key id as a
 cluster hash tag:
 
     ballast:rl:{<key_id>}     hash: w (window number), rc/rp (requests current/previous),
@@ -57,7 +59,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.routing.breaker import BreakerState
@@ -272,6 +274,30 @@ class _LocalKey:
         self.inflight = 0
 
 
+class _Ask:
+    """One acquire waiting for its turn's pipeline."""
+
+    __slots__ = ("abandoned", "args", "cost", "future", "key_id", "keys", "lease_id", "pending")
+
+    def __init__(
+        self,
+        key_id: str,
+        keys: tuple[str, str],
+        args: list[str | int],
+        cost: int,
+        lease_id: str,
+        pending: list[tuple[str, int, int]] | None,
+    ) -> None:
+        self.key_id = key_id
+        self.keys = keys
+        self.args = args
+        self.cost = cost
+        self.lease_id = lease_id
+        self.pending = pending
+        self.future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self.abandoned = False
+
+
 class RateLimiter:
     """Per-key RPM, TPM and parallel limits; see the module docstring for the design."""
 
@@ -297,11 +323,16 @@ class RateLimiter:
         self._release_delay = release_delay
         self._flush_timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[None]] = set()
+        self._asks: list[_Ask] = []  # acquires waiting for this turn's pipeline
         self._ids = itertools.count()
         self._id_prefix = os.urandom(6).hex() + ":"
         self._acquire_script: AsyncScript | None = None
         self._release_script: AsyncScript | None = None
+        self._no_script: type[Exception] = Exception
         if store is not None:
+            from redis.exceptions import NoScriptError
+
+            self._no_script = NoScriptError
             self._acquire_script = store.client.register_script(ACQUIRE_LUA)
             self._release_script = store.client.register_script(RELEASE_LUA)
         self.fallbacks = 0  # acquires that took the local limiter because Redis could not
@@ -416,14 +447,16 @@ class RateLimiter:
         if pending:
             for release in pending:
                 args.extend(release)
-
-        async def run(r: Redis) -> list[int]:
-            result: list[int] = await script(keys=keys, args=args, client=r)
-            return result
-
+        ask = _Ask(key_id, keys, args, cost, lease_id, pending)
+        self._asks.append(ask)
+        if len(self._asks) == 1:  # the first of this turn of the loop sends them all
+            asyncio.get_running_loop().call_soon(self._send_asks)
         try:
-            reply = await self._store.call(run)
-        except BaseException:  # unavailable or cancelled: dropping them again is harmless
+            reply = await ask.future
+        except asyncio.CancelledError:
+            ask.abandoned = True  # its slot, if Redis grants one, is given back
+            raise
+        except BaseException:  # unavailable: dropping them again is harmless
             if pending:
                 self._keep(key_id, pending)
             raise
@@ -433,15 +466,73 @@ class RateLimiter:
             raise RateLimited(_REASONS[reason], retry_ms / 1000.0, _headers(rpm, tpm, *snap))
         return Lease(_REDIS, key_id, cost, window, lease_id, rpm, tpm, snap)
 
+    def _send_asks(self) -> None:
+        asks, self._asks = self._asks, []
+        task = asyncio.get_running_loop().create_task(self._run_asks(asks))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _run_asks(self, asks: list[_Ask]) -> None:
+        """Every acquire asked in one turn of the event loop, in one pipelined round trip
+        (under load, one Redis exchange serves many requests)."""
+        script = self._acquire_script
+        assert script is not None and self._store is not None
+        sha = script.sha
+        no_script = self._no_script
+
+        async def send(r: Redis) -> list[Any]:
+            if len(asks) == 1:
+                ask = asks[0]
+                try:
+                    return [await r.evalsha(sha, 2, *ask.keys, *ask.args)]
+                except no_script as exc:
+                    return [exc]
+            pipe = r.pipeline(transaction=False)
+            for ask in asks:
+                pipe.evalsha(sha, 2, *ask.keys, *ask.args)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            return replies
+
+        async def run(r: Redis) -> list[Any]:
+            replies = await send(r)
+            if any(isinstance(reply, no_script) for reply in replies):
+                await r.script_load(ACQUIRE_LUA)  # Redis restarted or flushed its scripts
+                replies = await send(r)
+            return replies
+
+        try:
+            replies = await self._store.call(run)
+        except BaseException as exc:
+            failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(repr(exc))
+            for ask in asks:
+                if not ask.future.done():
+                    ask.future.set_exception(failure)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for ask, reply in zip(asks, replies, strict=True):
+            if isinstance(reply, Exception):
+                outcome: BaseException = StoreUnavailable(type(reply).__name__)
+                if not ask.future.done():
+                    ask.future.set_exception(outcome)
+                continue
+            if ask.future.done():  # its request went away: give back what Redis granted
+                if ask.abandoned and int(reply[0]) == 0 and (ask.lease_id or ask.cost):
+                    self._defer(ask.key_id, (ask.lease_id, int(reply[1]), -ask.cost))
+                continue
+            ask.future.set_result(reply)
+
     # -- release -----------------------------------------------------------------------
 
     def release_soon(self, lease: Lease, actual_tokens: int | None) -> None:
         """Give the parallel slot back and reconcile TPM with the real usage, without a
         round trip of its own (see the module docstring). Never raises."""
         release = self._settle(lease, actual_tokens)
-        if release is None:
-            return
-        self._deferred.setdefault(lease.key_id, []).append(release)
+        if release is not None:
+            self._defer(lease.key_id, release)
+
+    def _defer(self, key_id: str, release: tuple[str, int, int]) -> None:
+        self._deferred.setdefault(key_id, []).append(release)
         if self._flush_timer is None:
             loop = asyncio.get_running_loop()
             self._flush_timer = loop.call_later(self._release_delay, self._start_flush)
