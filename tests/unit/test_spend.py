@@ -6,6 +6,7 @@ for one whose file cannot be opened, so the driver itself fails."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import random
 import shutil
@@ -22,7 +23,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from ballast.clock import ManualClock
 from ballast.config import ModelPrice
 from ballast.state.db import Database
-from ballast.state.schema import spend_events
+from ballast.state.schema import spend_events, spend_totals
 from ballast.state.spend import (
     SpendEvent,
     SpendRecorder,
@@ -467,3 +468,67 @@ async def test_spill_failure_keeps_events_in_memory(
     await recorder.flush()
     assert recorder.pending_events == 0
     assert len(await rows(db)) == 1
+
+
+def test_an_event_row_has_every_field_and_reads_back() -> None:
+    event = SpendEvent("e-1", "k", "total", "m", None, 9, 7, 0.25, True, 1.5)
+    row = event.row()
+    assert set(row) == {f.name for f in dataclasses.fields(SpendEvent)}
+    assert SpendEvent.from_row(row) == event
+
+
+async def _totals(db: Database) -> dict[tuple[str, str], float]:
+    async with db.connect() as connection:
+        rows = (await connection.execute(sa.select(spend_totals))).all()
+    return {(row.key_id, row.period): row.cost for row in rows}
+
+
+async def _sums(db: Database) -> dict[tuple[str, str], float]:
+    query = sa.select(
+        spend_events.c.key_id, spend_events.c.period, sa.func.sum(spend_events.c.cost)
+    ).group_by(spend_events.c.key_id, spend_events.c.period)
+    async with db.connect() as connection:
+        rows = (await connection.execute(query)).all()
+    return {(key, period): total for key, period, total in rows}
+
+
+async def test_totals_count_each_inserted_event_once(
+    db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder]
+) -> None:
+    recorder = make_recorder()
+    events = [event("k1", 0.25), event("k1", 0.5), event("k2", 1.0, "2026-11")]
+    for e in events:
+        recorder.record(e)
+    await recorder.flush()
+    for e in events[:2]:  # a replay of events already written (a crash before truncate)
+        recorder.record(e)
+    recorder.record(event("k1", 0.125))
+    await recorder.flush()
+    totals = await _totals(db)
+    assert totals == pytest.approx(await _sums(db))
+    assert totals == pytest.approx({("k1", "total"): 0.875, ("k2", "2026-11"): 1.0})
+    assert await recorder.key_spend("k1", "total") == pytest.approx(0.875)
+
+
+async def test_upgrading_an_older_database_fills_the_totals_in(tmp_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    from ballast.state.db import MIGRATIONS
+
+    database = Database(f"sqlite:///{tmp_path / 'old.db'}")
+
+    def to_0002(connection: sa.Connection) -> None:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0002")
+
+    async with database.begin() as connection:
+        await connection.run_sync(to_0002)
+        await connection.execute(
+            spend_events.insert(), [event("old", 0.25).row(), event("old", 2.0).row()]
+        )
+    await database.upgrade()
+    assert await _totals(database) == pytest.approx({("old", "total"): 2.25})
+    await database.close()

@@ -40,6 +40,16 @@ spend_events = sa.Table(
     sa.Index("ix_spend_key_period", "key_id", "period"),
 )
 
+# What a budget check reads: the sum of `spend_events.cost` per key and period, updated in
+# the same transaction as the events it counts.
+spend_totals = sa.Table(
+    "spend_totals",
+    metadata,
+    sa.Column("key_id", sa.String(40), primary_key=True),
+    sa.Column("period", sa.String(10), primary_key=True),
+    sa.Column("cost", sa.Float, nullable=False, server_default="0"),
+)
+
 service_sessions = sa.Table(
     "service_sessions",
     metadata,
