@@ -633,34 +633,38 @@ def _headers(
     rpm: int | None, tpm: int | None, into: float, rc: int, rp: int, tc: int, tp: int
 ) -> list[tuple[bytes, bytes]]:
     """OpenAI's x-ratelimit-* headers. `reset` is the time until the window is back to
-    its initial state (all usage aged out), as OpenAI defines it."""
+    its initial state (all usage aged out), as OpenAI defines it. Built for every limited
+    response, so the two resets are formatted once when they agree (they usually do)."""
     out: list[tuple[bytes, bytes]] = []
     weight = (WINDOW - into) / WINDOW
+    seconds = -1.0
+    reset = b""
     if rpm is not None:
-        used = rp * weight + rc
-        out.append((b"x-ratelimit-limit-requests", str(rpm).encode()))
-        out.append((b"x-ratelimit-remaining-requests", _remaining(rpm, used)))
-        out.append((b"x-ratelimit-reset-requests", _reset(rc, rp, into)))
+        seconds = _reset_seconds(rc, rp, into)
+        reset = format_duration(seconds).encode()
+        out.append((b"x-ratelimit-limit-requests", b"%d" % rpm))
+        out.append((b"x-ratelimit-remaining-requests", _remaining(rpm, rp * weight + rc)))
+        out.append((b"x-ratelimit-reset-requests", reset))
     if tpm is not None:
-        used = tp * weight + tc
-        out.append((b"x-ratelimit-limit-tokens", str(tpm).encode()))
-        out.append((b"x-ratelimit-remaining-tokens", _remaining(tpm, used)))
-        out.append((b"x-ratelimit-reset-tokens", _reset(tc, tp, into)))
+        token_seconds = _reset_seconds(tc, tp, into)
+        if token_seconds != seconds:
+            reset = format_duration(token_seconds).encode()
+        out.append((b"x-ratelimit-limit-tokens", b"%d" % tpm))
+        out.append((b"x-ratelimit-remaining-tokens", _remaining(tpm, tp * weight + tc)))
+        out.append((b"x-ratelimit-reset-tokens", reset))
     return out
 
 
 def _remaining(limit: int, used: float) -> bytes:
-    return str(max(0, math.floor(limit - used + 1e-9))).encode()
+    return b"%d" % max(0, math.floor(limit - used + 1e-9))
 
 
-def _reset(current: int, previous: int, into: float) -> bytes:
+def _reset_seconds(current: int, previous: int, into: float) -> float:
     if current > 0:
-        seconds = 2 * WINDOW - into
-    elif previous > 0:
-        seconds = WINDOW - into
-    else:
-        seconds = 0.0
-    return format_duration(seconds).encode()
+        return 2 * WINDOW - into
+    if previous > 0:
+        return WINDOW - into
+    return 0.0
 
 
 def format_duration(seconds: float) -> str:
