@@ -59,6 +59,69 @@ class _Deadline:
                 raise TimeoutError
 
 
+class _Watchdog:
+    """The clock of one stream: every wait (for the first token, then between chunks) has a
+    deadline, and a wait past it ends in TimeoutError, as inside a `_Deadline`. One timer
+    serves all the waits: a new wait only moves the deadline (a stream of 500 chunks would
+    otherwise arm and cancel 500 timers), and a timer that fires before the deadline it
+    now guards re-arms itself for the rest."""
+
+    __slots__ = ("_cancelling", "_deadline", "_fired", "_handle", "_loop", "_task", "_when")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._handle: asyncio.TimerHandle | None = None
+        self._when = 0.0
+        self._deadline = 0.0
+        self._task: asyncio.Task[object] | None = None
+        self._fired = False
+        self._cancelling = 0
+
+    def until(self, deadline: float) -> _Watchdog:
+        """Guard the next block with `deadline` (loop time)."""
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a deadline needs a task")
+        self._task = task
+        self._deadline = deadline
+        self._fired = False
+        self._cancelling = task.cancelling()
+        if self._handle is None or self._when > deadline:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._handle = self._loop.call_at(deadline, self._fire)
+            self._when = deadline
+        return self
+
+    def _fire(self) -> None:
+        self._handle = None
+        task = self._task
+        if task is None:  # nobody is waiting: the next wait arms it again
+            return
+        if self._loop.time() < self._deadline:  # the deadline moved since: guard the rest
+            self._handle = self._loop.call_at(self._deadline, self._fire)
+            self._when = self._deadline
+            return
+        self._fired = True
+        task.cancel()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        task, self._task = self._task, None
+        if self._fired and task is not None and task.uncancel() <= self._cancelling:
+            self._fired = False
+            if exc_type is asyncio.CancelledError:
+                raise TimeoutError
+
+    def close(self) -> None:
+        self._task = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 def _retry_after(response: aiohttp.ClientResponse, clock: Clock) -> float | None:
     value = response.headers.get("retry-after-ms")
     if value is not None:
@@ -137,9 +200,16 @@ class UpstreamStream:
     """An open upstream stream. `next_events` yields relayable events (each with its blank-line
     terminator) and raises a Failure on a stall, a cut, a reset or an in-band error."""
 
-    def __init__(self, upstream: Upstream, response: aiohttp.ClientResponse, clock: Clock) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        response: aiohttp.ClientResponse,
+        clock: Clock,
+        watchdog: _Watchdog | None = None,
+    ) -> None:
         self.upstream = upstream
         self.response = response
+        self._watchdog = watchdog or _Watchdog(asyncio.get_running_loop())
         self.state = StreamState()
         self._clock = clock
         self._splitter = SseSplitter()
@@ -171,10 +241,9 @@ class UpstreamStream:
                 # Data already buffered needs no clock; waiting for more runs on one.
                 chunk = content.read_nowait()
                 if not chunk and not content.at_eof():
-                    loop = asyncio.get_running_loop()
                     if deadline is None:
-                        deadline = loop.time() + self._inter_chunk
-                    with _Deadline(loop, deadline):
+                        deadline = asyncio.get_running_loop().time() + self._inter_chunk
+                    with self._watchdog.until(deadline):
                         chunk = await content.readany()
             except TimeoutError:
                 raise Failure(
@@ -262,6 +331,7 @@ class UpstreamStream:
         if self._closed:
             return
         self._closed = True
+        self._watchdog.close()
         if self.state.done and self._eof:
             self.response.release()
         else:
@@ -281,26 +351,33 @@ async def open_stream(
     silent upstream can still be replaced before the client has seen a byte."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + upstream.timeouts.first_token
+    watchdog = _Watchdog(loop)  # the stream's one timer, from the request on
     try:
-        with _Deadline(loop, deadline):
+        with watchdog.until(deadline):
             response = await upstream.post(path, body, request_id, route)
     except TimeoutError:
+        watchdog.close()
         raise Failure(
             classify.FIRST_TOKEN_TIMEOUT,
             f"no answer within {upstream.timeouts.first_token:g}s",
             deployment=upstream.id,
         ) from None
+    except BaseException:
+        watchdog.close()
+        raise
     if response.status >= 300:
+        watchdog.close()
         raise await _failure_from(response, upstream, clock)
     content_type = response.headers.get("content-type", "")
     if "text/event-stream" not in content_type:
+        watchdog.close()
         response.close()
         raise Failure(
             classify.BAD_RESPONSE,
             f"expected an event stream, got {content_type or 'nothing'}",
             deployment=upstream.id,
         )
-    stream = UpstreamStream(upstream, response, clock)
+    stream = UpstreamStream(upstream, response, clock, watchdog)
     held: list[bytes] = []
     try:
         while True:
