@@ -169,6 +169,30 @@ def test_trickled_headers_get_408_and_huge_headers_431(stack: Stack) -> None:
     assert asyncio.run(_one(gw.url))[0] == 200
 
 
+def test_each_request_on_a_kept_alive_connection_gets_its_own_header_time(stack: Stack) -> None:
+    _, gw = _gateway(stack, "ok?tokens=2", header_timeout=1.0)
+    sock = _raw(gw.port)
+    body = b'{"model":"chat","messages":[{"role":"user","content":"hi"}]}'
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    first = b""
+    while b"\r\n\r\n" not in first or len(first.split(b"\r\n\r\n", 1)[1]) < int(
+        first.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0]
+    ):
+        first += sock.recv(65536)  # the whole first answer, headers and body
+    assert _status_of(first) == 200
+    time.sleep(0.6)  # the connection's timer, armed at connect, is now due in 0.4 s
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")  # and then nothing
+    started = time.monotonic()
+    data = _read_all(sock)
+    waited = time.monotonic() - started
+    assert _status_of(data) == 408
+    assert 0.9 <= waited < 2.0  # its own full second, not what was left of the first's
+    sock.close()
+
+
 def test_a_slow_stream_reader_gets_back_pressure_not_buffering(stack: Stack) -> None:
     tokens = 150_000  # ~31 MB of events: more than the kernel's socket buffers hold
     sim, gw = _gateway(stack, f"ok?tokens={tokens}")

@@ -3,8 +3,9 @@ within `header_timeout` seconds and fit in `max_header_bytes`. A client tricklin
 (slowloris) or sending an endless header block gets 408 / 431 and is disconnected, instead of
 holding a connection and a growing buffer for as long as it likes.
 
-Cost on the hot path: one timer armed when a request begins and cancelled when its headers are
-complete; one length check per read while headers are pending."""
+Cost on the hot path: a clock read and two flags per request (the connection's one timer is
+re-armed about once per `header_timeout`, not per request); one length check per read while
+headers are pending."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     _header_timer: asyncio.TimerHandle | None = None
     _header_bytes: int = 0
+    _headers_since: float = 0.0
+    _headers_pending: bool = False
 
     @classmethod
     def configure(cls, header_timeout: float, max_header_bytes: int) -> None:
@@ -48,43 +51,52 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm()
+        self._begin_headers()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
-    def _arm(self) -> None:
-        if self._header_timer is None:
-            self._header_bytes = 0
-            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
-
-    def _disarm(self) -> None:
+        self._headers_pending = False
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
+        super().connection_lost(exc)
+
+    def _begin_headers(self) -> None:
+        """A request's headers start arriving. The connection's one timer is armed only when
+        none is: on a busy keep-alive connection it fires about once per `header_timeout`,
+        not once per request."""
+        self._headers_pending = True
+        self._header_bytes = 0
+        self._headers_since = self.loop.time()
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._check_headers)
+
+    def _check_headers(self) -> None:
+        self._header_timer = None
+        if not self._headers_pending:
+            return  # between requests: the next request arms it again
+        late = self._headers_since + self.header_timeout - self.loop.time()
+        if late > 0:  # this request began after the timer was armed: wait out its own time
+            self._header_timer = self.loop.call_later(late, self._check_headers)
+            return
+        self._reject(408, "The request headers did not arrive in time.", "request_timeout")
 
     def _reject(self, status: int, message: str, code: str) -> None:
-        self._disarm()
+        self._headers_pending = False
         if not self.transport.is_closing():
             self.transport.write(_raw_error(status, message, code))
             self.transport.close()
 
-    def _headers_late(self) -> None:
-        self._header_timer = None
-        self._reject(408, "The request headers did not arrive in time.", "request_timeout")
-
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._arm()
+        self._begin_headers()
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self._headers_pending = False
         super().on_headers_complete()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self._header_timer is not None:
+        if self._headers_pending:
             self._header_bytes += len(data)
             if self._header_bytes > self.max_header_bytes:
                 self._reject(
