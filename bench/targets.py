@@ -252,16 +252,12 @@ def keys_config(workdir: Path, slug: str, redis_url: str | None) -> dict[str, An
     }
 
 
-def ballast_with_keys(
-    procs: ProcessGroup, workdir: Path, upstream: Upstream, name: str, redis_url: str | None
-) -> Target:
-    """Ballast with a virtual key, rate limits, a budget and spend recording."""
-    missing = ballast_missing()
-    if missing:
-        return Target(name, unavailable=missing)
-    slug = name.replace("+", "-")
-    extra = keys_config(workdir, slug, redis_url)
-    conf = workdir / f"{slug}-keys.yaml"
+def create_key(
+    workdir: Path, upstream: Upstream, extra: dict[str, Any], src: Path = REPO / "src"
+) -> str:
+    """A virtual key for the keys variants, made with `ballast keys create` (RuntimeError
+    with the reason when that fails)."""
+    conf = workdir / "keys-create.yaml"
     conf.write_text(yaml.safe_dump(ballast_config(0, upstream, extra), sort_keys=False))
     cmd = [sys.executable, "-m", "ballast", "keys", "create", "--config", str(conf)]
     cmd += ["--name", "bench", *KEY_LIMITS]
@@ -270,18 +266,29 @@ def ballast_with_keys(
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, **_ballast_env()},
+        env={**os.environ, "PYTHONPATH": str(src)},
         check=False,
     )
-    keys = [
-        line.split(":", 1)[1].strip()
-        for line in made.stdout.splitlines()
-        if line.startswith("key:")
-    ]
-    if made.returncode != 0 or not keys:
-        reason = (made.stderr or made.stdout).strip().splitlines()[-1:] or [f"rc {made.returncode}"]
-        return Target(name, unavailable=f"could not create a key: {reason[0]}")
-    target = ballast(procs, workdir, upstream, name=name, extra=extra, key=keys[0])
+    for line in made.stdout.splitlines():
+        if made.returncode == 0 and line.startswith("key:"):
+            return line.split(":", 1)[1].strip()
+    lines = (made.stderr or made.stdout).strip().splitlines()
+    raise RuntimeError(lines[-1] if lines else f"rc {made.returncode}")
+
+
+def ballast_with_keys(
+    procs: ProcessGroup, workdir: Path, upstream: Upstream, name: str, redis_url: str | None
+) -> Target:
+    """Ballast with a virtual key, rate limits, a budget and spend recording."""
+    missing = ballast_missing()
+    if missing:
+        return Target(name, unavailable=missing)
+    extra = keys_config(workdir, name.replace("+", "-"), redis_url)
+    try:
+        key = create_key(workdir, upstream, extra)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        return Target(name, unavailable=f"could not create a key: {_first_line(exc)}")
+    target = ballast(procs, workdir, upstream, name=name, extra=extra, key=key)
     if target.ok:
         target.note = "1 worker, a virtual key with RPM/TPM/parallel limits and a budget, " + (
             "spend recorded; keys, limits and spend counters in Redis"
