@@ -45,6 +45,7 @@ class Results:
     failed: dict[str, str] = field(default_factory=dict)  # started, then broke mid-run
     notes: dict[str, str] = field(default_factory=dict)
     load_before: float = 0.0
+    repetitions: int = 0  # completed; the time budget may stop a run short of the plan
 
     def cell(self, target: str, conns: int) -> Cell:
         runs = self.wrk.get((target, conns), [])

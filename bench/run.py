@@ -213,6 +213,7 @@ def measure(live: list[tg.Target], res: Results, plan: Plan) -> None:
         if rep and time.monotonic() - started > plan.budget_seconds:
             _log(f"time budget reached: {rep} repetition(s) kept")
             break
+        res.repetitions = rep + 1
         tag = f"[{rep + 1}/{plan.repeats}]"
         for i, conns in enumerate(res.connections):
             live = _drop_dead(live, res)
@@ -260,7 +261,8 @@ def header(plan: Plan, res: Results, quick: bool) -> list[str]:
         f"- Upstream: {_version(['nginx', '-v'])} (fixed answer, 1 worker); "
         f"load: {_wrk_version()} + aiohttp streaming client",
         f"- Each cell: wrk {plan.wrk_seconds:g} s / streams {plan.stream_seconds:g} s, "
-        f"median of {plan.repeats} repetition(s), targets interleaved in rotating order",
+        f"median of {res.repetitions or plan.repeats} repetition(s), targets interleaved in "
+        "rotating order",
         "- One worker per gateway unless the name says otherwise; added latency = target "
         "minus direct in the same run; CPU ms/req = the target's process tree user+system "
         "CPU / requests; peak RSS = sum of VmHWM over the target's process tree",
