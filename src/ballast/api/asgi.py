@@ -68,6 +68,10 @@ async def read_body(scope: Scope, receive: Receive, limit: int, seconds: float =
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
+    if getattr(getattr(receive, "__self__", None), "more_body", True) is False:
+        # uvicorn's request cycle says the whole body is already here (the usual case for a
+        # small POST): nothing can trickle, so no timer. Any other server gets the timer.
+        return await _receive_body(receive, limit)
     task = asyncio.current_task()
     assert task is not None
     fired = False
