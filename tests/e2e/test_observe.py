@@ -74,8 +74,12 @@ def call(
 
 
 def scrape(gateway: Gateway) -> dict[str, list[tuple[dict[str, str], float]]]:
+    return scrape_url(gateway.url)
+
+
+def scrape_url(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     """Every sample of /metrics by sample name: [(labels, value)]."""
-    with urllib.request.urlopen(gateway.url + "/metrics", timeout=10) as response:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
         assert response.headers["content-type"].startswith("text/plain")
         text = response.read().decode()
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -515,16 +519,6 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _scrape_url(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return samples
-
-
 def test_two_workers_report_every_request_whichever_answers_the_scrape(
     stack: Stack, tmp_path: Path
 ) -> None:
@@ -557,9 +551,9 @@ def test_two_workers_report_every_request_whichever_answers_the_scrape(
         def counted() -> bool:
             # Each scrape may reach either worker; both must see all of them.
             return all(
-                value(_scrape_url(url), "ballast_requests_total", model="chat", status="200")
+                value(scrape_url(url), "ballast_requests_total", model="chat", status="200")
                 == total
-                and value(_scrape_url(url), "ballast_request_duration_seconds_count", model="chat")
+                and value(scrape_url(url), "ballast_request_duration_seconds_count", model="chat")
                 == total
                 for _ in range(4)
             )
