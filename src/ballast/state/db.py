@@ -49,6 +49,8 @@ class Database:
                 connect_args={"timeout": timeout, "command_timeout": timeout},
             )
         self.engine: AsyncEngine = create_async_engine(self.url, **options)
+        if self.is_sqlite and path and path != ":memory:":
+            sa.event.listen(self.engine.sync_engine, "connect", _write_ahead_log)
 
     async def upgrade(self) -> None:
         """Apply every pending migration (idempotent; serialised across instances)."""
@@ -82,6 +84,18 @@ class Database:
 
     async def close(self) -> None:
         await self.engine.dispose()
+
+
+def _write_ahead_log(dbapi_connection: Any, _record: Any) -> None:
+    """SQLite in WAL mode: reads (key lookups, budget checks) no longer wait for a spend
+    flush to commit, and a commit is one sync of the log instead of several of a rollback
+    journal. `synchronous=FULL` keeps every commit durable across a power loss."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+    finally:
+        cursor.close()
 
 
 def _upgrade(connection: sa.Connection) -> None:
