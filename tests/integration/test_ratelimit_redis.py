@@ -208,6 +208,24 @@ async def test_a_finished_request_costs_no_round_trip_of_its_own(
         assert await a.acquire(limits, 0)
 
 
+async def test_an_acquire_counts_after_its_keys_releases_in_flight(
+    redis_url: str, keys: list[str]
+) -> None:
+    key = new_key()
+    keys.append(key)
+    limits = Limits(key, rpm=None, tpm=None, max_parallel=1)
+    async for a, _ in gateways(redis_url, call_timeout=1.0, release_delay=10.0):
+        for _ in range(20):
+            lease = await a.acquire(limits, 0)
+            a.release_soon(lease, None)
+            flushing = asyncio.ensure_future(a.flush())
+            await asyncio.sleep(0)  # the flush has taken the release and is sending it
+            again = await a.acquire(limits, 0)  # must not overtake it: the slot is free
+            await flushing
+            a.release_soon(again, None)
+            await a.flush()
+
+
 async def test_concurrent_acquires_share_round_trips_and_stay_exact(
     redis_url: str, keys: list[str]
 ) -> None:

@@ -324,6 +324,7 @@ class RateLimiter:
         self._flush_timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[None]] = set()
         self._asks: list[_Ask] = []  # acquires waiting for this turn's pipeline
+        self._releasing: dict[str, asyncio.Future[None]] = {}  # keys with releases in flight
         self._ids = itertools.count()
         self._id_prefix = os.urandom(6).hex() + ":"
         self._acquire_script: AsyncScript | None = None
@@ -442,6 +443,9 @@ class RateLimiter:
             lease_id,
             self._lease_ttl_ms,
         ]
+        sending = self._releasing.get(key_id)
+        if sending is not None:  # this key's releases are on their way: count after them
+            await asyncio.shield(sending)
         # Deferred releases ride along; they go back if this call fails.
         pending = self._deferred.pop(key_id, None)
         if pending:
@@ -590,16 +594,32 @@ class RateLimiter:
         await self.flush()
 
     async def _send(self, releases: dict[str, list[tuple[str, int, int]]]) -> None:
+        """One pipeline of release scripts. Until it is answered, an acquire for one of its
+        keys waits for it, so this instance never counts its own finished requests."""
         script = self._release_script
         assert script is not None and self._store is not None
+        sha = script.sha
+        no_script = self._no_script
+        sent = asyncio.get_running_loop().create_future()
+        for key_id in releases:
+            self._releasing[key_id] = sent
 
-        async def run(r: Redis) -> None:
+        async def send(r: Redis) -> list[Any]:
             pipe = r.pipeline(transaction=False)
             for key_id, items in releases.items():
                 base = f"{self._prefix}{{{key_id}}}"
-                args = [value for release in items for value in release]
-                await script(keys=(base, base + ":p"), args=args, client=pipe)
-            await pipe.execute()
+                pipe.evalsha(sha, 2, base, base + ":p", *(v for item in items for v in item))
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            return replies
+
+        async def run(r: Redis) -> None:
+            replies = await send(r)
+            if any(isinstance(reply, no_script) for reply in replies):
+                await r.script_load(RELEASE_LUA)  # Redis restarted or flushed its scripts
+                replies = await send(r)
+            failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+            if failed is not None:
+                raise failed
 
         try:
             await self._store.call(run)
@@ -608,6 +628,11 @@ class RateLimiter:
                 self._keep(key_id, items)
         except Exception:  # never fail a finished request over its bookkeeping
             log.exception("rate limit release failed")
+        finally:
+            for key_id in releases:
+                if self._releasing.get(key_id) is sent:
+                    del self._releasing[key_id]
+            sent.set_result(None)
 
     def _keep(self, key_id: str, releases: list[tuple[str, int, int]]) -> None:
         """Releases Redis did not take: their slots go with the key's next acquire (the
