@@ -5,7 +5,7 @@ requests, in several phases; the lowest phase is the least disturbed one.
 
     .venv/bin/python bench/cpu.py                      # non-streaming, this tree's src/
     .venv/bin/python bench/cpu.py --stream
-    .venv/bin/python bench/cpu.py --src /tmp/old/src   # an older tree, for an A/B
+    .venv/bin/python bench/cpu.py --src ../old/src     # an older tree, for an A/B
     .venv/bin/python bench/cpu.py --keys               # with a key, limits, budget, spend
 
 Not part of the test suite. Run an A/B interleaved (old, new, old, new): the machine's other
