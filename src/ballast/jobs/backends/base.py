@@ -31,6 +31,25 @@ class Remote:
     progress: float | None = None  # 0..1 when the backend reports one
 
 
+def remote_of(
+    data: dict[str, Any],
+    state: RemoteState,
+    raw: str,
+    error: str | None,
+    progress: float | None,
+) -> Remote:
+    """What every backend's answer ends as: its id, and its output once it succeeded."""
+    remote_id = data.get("id")
+    return Remote(
+        state,
+        raw,
+        str(remote_id) if remote_id is not None else None,
+        data.get("output") if state == "succeeded" else None,
+        error,
+        progress,
+    )
+
+
 class BackendError(Exception):
     pass
 

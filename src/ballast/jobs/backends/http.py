@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ballast.jobs.backends.base import HttpBackend, Remote, RemoteState, Unreachable, fraction
+from ballast.jobs.backends.base import (
+    HttpBackend,
+    Remote,
+    RemoteState,
+    Unreachable,
+    fraction,
+    remote_of,
+)
 
 DEFAULT_MAP: dict[str, RemoteState] = {
     "queued": "queued",
@@ -33,15 +40,7 @@ class GenericHttpBackend(HttpBackend):
         error = None
         if state == "failed":
             error = str(data.get("error") or f"The backend reported the job as {raw}.")
-        remote_id = data.get("id")
-        return Remote(
-            state,
-            raw,
-            str(remote_id) if remote_id is not None else None,
-            data.get("output") if state == "succeeded" else None,
-            error,
-            fraction(data.get("progress")),
-        )
+        return remote_of(data, state, raw, error, fraction(data.get("progress")))
 
     async def submit(self, job_id: str, payload: Any) -> Remote:
         body: dict[str, Any] = {**self.settings.body, "input": payload}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ballast.jobs.backends.base import HttpBackend, Remote, RemoteState, Unreachable
+from ballast.jobs.backends.base import HttpBackend, Remote, RemoteState, Unreachable, remote_of
 
 STATES: dict[str, RemoteState] = {
     "starting": "queued",
@@ -33,15 +33,7 @@ def parse(data: Any) -> Remote:
     error = None
     if state == "failed":
         error = str(data.get("error") or f"The backend reported the prediction as {raw}.")
-    remote_id = data.get("id")
-    return Remote(
-        state,
-        raw,
-        str(remote_id) if remote_id is not None else None,
-        data.get("output") if state == "succeeded" else None,
-        error,
-        progress,
-    )
+    return remote_of(data, state, raw, error, progress)
 
 
 class ReplicateBackend(HttpBackend):

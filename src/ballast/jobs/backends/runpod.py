@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ballast.jobs.backends.base import HttpBackend, Remote, RemoteState, Unreachable, fraction
+from ballast.jobs.backends.base import (
+    HttpBackend,
+    Remote,
+    RemoteState,
+    Unreachable,
+    fraction,
+    remote_of,
+)
 
 STATES: dict[str, RemoteState] = {
     "IN_QUEUE": "queued",
@@ -28,21 +35,12 @@ def parse(data: Any) -> Remote:
     if state == "running" and output is not None:
         # A worker's progress_update shows up as the output of an IN_PROGRESS job.
         progress = fraction(output.get("progress") if isinstance(output, dict) else output)
-        output = None
     message = None
     if raw == "TIMED_OUT":
         message = "The backend timed the job out" + (f": {error}" if error else ".")
     elif state == "failed":
         message = str(error) if error else "The backend reported the job as failed."
-    remote_id = data.get("id")
-    return Remote(
-        state,
-        raw,
-        str(remote_id) if remote_id is not None else None,
-        output if state == "succeeded" else None,
-        message,
-        progress,
-    )
+    return remote_of(data, state, raw, message, progress)
 
 
 class RunPodBackend(HttpBackend):
