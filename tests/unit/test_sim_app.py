@@ -279,8 +279,8 @@ async def test_random_with_seed_is_reproducible(
         async with http.put(
             sim.url + "/sim/behaviour",
             json={"model": "*", "behaviour": "500?mode=random&p=0.5&seed=3"},
-        ):
-            pass
+        ) as r:
+            assert r.status == 200  # the rule was taken
         statuses = []
         for _ in range(16):
             async with http.post(sim.url + CHAT, json=chat_body()) as resp:
@@ -531,8 +531,8 @@ async def test_admin_rules_per_model(sim: SimServer, http: aiohttp.ClientSession
         assert (await r.json())["behaviour"] == "503"
     assert (await status("a"), await status("b")) == (503, 200)
     assert await status("a", {"x-sim-behaviour": "ok"}) == 200  # header wins
-    async with http.put(sim.url + "/sim/behaviour", json={"model": "*", "behaviour": "429"}):
-        pass
+    async with http.put(sim.url + "/sim/behaviour", json={"model": "*", "behaviour": "429"}) as r:
+        assert r.status == 200  # the rule was taken
     assert (await status("a"), await status("b")) == (503, 429)
     async with http.get(sim.url + "/sim/behaviour") as r:
         listed = await r.json()
@@ -553,21 +553,21 @@ async def test_setting_a_rule_resets_once_state(
             return r.status
 
     rule = {"model": "m", "behaviour": "500?mode=once"}
-    async with http.put(sim.url + "/sim/behaviour", json=rule):
-        pass
+    async with http.put(sim.url + "/sim/behaviour", json=rule) as r:
+        assert r.status == 200  # the rule was taken
     assert [await status(), await status()] == [500, 200]
-    async with http.put(sim.url + "/sim/behaviour", json=rule):
-        pass
+    async with http.put(sim.url + "/sim/behaviour", json=rule) as r:
+        assert r.status == 200  # the rule was taken
     assert await status() == 500
 
 
 async def test_attempt_log_and_stats(sim: SimServer, http: aiohttp.ClientSession) -> None:
     headers = {"authorization": "Bearer sk-upstream-abcd9876", "x-request-id": "req-1"}
-    async with http.post(sim.url + CHAT, json=chat_body(model="a"), headers=headers):
-        pass
+    async with http.post(sim.url + CHAT, json=chat_body(model="a"), headers=headers) as r:
+        assert r.status == 200
     headers["x-sim-behaviour"] = "500"
-    async with http.post(sim.url + CHAT, json=chat_body(True, model="b"), headers=headers):
-        pass
+    async with http.post(sim.url + CHAT, json=chat_body(True, model="b"), headers=headers) as r:
+        assert r.status == 500
     log = await attempts(http, sim)
     assert len(log) == 2
     first = log[0]
