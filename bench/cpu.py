@@ -7,6 +7,7 @@ requests, in several phases; the lowest phase is the least disturbed one.
     .venv/bin/python bench/cpu.py --stream
     .venv/bin/python bench/cpu.py --src ../old/src     # an older tree, for an A/B
     .venv/bin/python bench/cpu.py --keys               # with a key, limits, budget, spend
+    .venv/bin/python bench/cpu.py --keys --redis redis://127.0.0.1:6379/0
 
 Not part of the test suite. Run an A/B interleaved (old, new, old, new): the machine's other
 work moves the absolute numbers by more than most single changes.
@@ -35,6 +36,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stream", action="store_true", help="streamed chat completions")
     parser.add_argument("--src", type=Path, default=tg.REPO / "src", help="Ballast's src/")
     parser.add_argument("--keys", action="store_true", help="keys, limits, budget and spend")
+    parser.add_argument(
+        "--redis", metavar="URL", help="with --keys: keep limits and spend in Redis"
+    )
     parser.add_argument("--requests", type=int, default=8000, help="per phase")
     parser.add_argument("--phases", type=int, default=6)
     return parser.parse_args()
@@ -119,6 +123,12 @@ async def measure(args: argparse.Namespace, config: dict[str, Any], key: str) ->
     return phases
 
 
+def describe(args: argparse.Namespace) -> str:
+    if not args.keys:
+        return "open"
+    return "keys+limits+spend" + (", Redis" if args.redis else ", SQLite")
+
+
 def main() -> int:
     args = parse_args()
     sys.path.insert(0, str(args.src.resolve()))  # ahead of any installed copy
@@ -132,7 +142,7 @@ def main() -> int:
         key = "sk-bench"
         extra = None
         if args.keys:
-            extra = tg.keys_config(workdir, "cpu", None)
+            extra = tg.keys_config(workdir, "cpu", args.redis)
             key = tg.create_key(workdir, upstream, extra, args.src.resolve())
         config = tg.ballast_config(0, upstream, extra)
         phases = uvloop.run(measure(args, config, key))
@@ -142,7 +152,7 @@ def main() -> int:
     print(
         f"CPU per {kind}: min {min(phases):.1f} us, median {statistics.median(phases):.1f} us "
         f"({args.phases} phases of {args.requests}, {CONCURRENCY} concurrent, "
-        f"{'keys+limits+spend' if args.keys else 'open'}, src {args.src})"
+        f"{describe(args)}, src {args.src})"
     )
     return 0
 

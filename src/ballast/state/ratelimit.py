@@ -54,20 +54,19 @@ request.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.routing.breaker import BreakerState
+from ballast.state.resp import Command, ReplyError, is_no_script
 from ballast.state.store import RedisStore, StoreUnavailable
-
-if TYPE_CHECKING:  # redis is imported only when a Redis URL is configured
-    from redis.asyncio import Redis
-    from redis.commands.core import AsyncScript
 
 log = logging.getLogger("ballast.ratelimit")
 
@@ -179,6 +178,9 @@ apply_releases(1)
 return 0
 """
 )
+
+_ACQUIRE_SHA: Final = hashlib.sha1(ACQUIRE_LUA.encode()).hexdigest()
+_RELEASE_SHA: Final = hashlib.sha1(RELEASE_LUA.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,15 +329,6 @@ class RateLimiter:
         self._releasing: dict[str, asyncio.Future[None]] = {}  # keys with releases in flight
         self._ids = itertools.count()
         self._id_prefix = os.urandom(6).hex() + ":"
-        self._acquire_script: AsyncScript | None = None
-        self._release_script: AsyncScript | None = None
-        self._no_script: type[Exception] = Exception
-        if store is not None:
-            from redis.exceptions import NoScriptError
-
-            self._no_script = NoScriptError
-            self._acquire_script = store.client.register_script(ACQUIRE_LUA)
-            self._release_script = store.client.register_script(RELEASE_LUA)
         self.fallbacks = 0  # acquires that took the local limiter because Redis could not
 
     async def warm(self) -> bool:
@@ -345,16 +338,13 @@ class RateLimiter:
         store = self._store
         if store is None:
             return False
-
-        async def load(r: Redis) -> None:
-            for source in (ACQUIRE_LUA, RELEASE_LUA):
-                await r.script_load(source)
-
         try:
-            await store.call(load)
+            loaded = await store.execute(
+                [("SCRIPT", "LOAD", ACQUIRE_LUA), ("SCRIPT", "LOAD", RELEASE_LUA)]
+            )
         except StoreUnavailable:
             return False
-        return True
+        return not any(isinstance(reply, ReplyError) for reply in loaded)
 
     # -- acquire -----------------------------------------------------------------------
 
@@ -428,8 +418,6 @@ class RateLimiter:
             del self._local[k]
 
     async def _acquire_redis(self, limits: Limits, cost: int) -> Lease:
-        script = self._acquire_script
-        assert script is not None and self._store is not None
         rpm, tpm, par = limits.rpm, limits.tpm, limits.max_parallel
         key_id = limits.key_id
         lease_id = f"{self._id_prefix}{next(self._ids)}" if par is not None else ""
@@ -464,7 +452,7 @@ class RateLimiter:
             if pending:
                 self._keep(key_id, pending)
             raise
-        reason, window, into_ms, rc, rp, tc, tp, _inflight, retry_ms = (int(v) for v in reply)
+        reason, window, into_ms, rc, rp, tc, tp, _inflight, retry_ms = reply
         snap = (into_ms / 1000.0, rc, rp, tc, tp)
         if reason:
             raise RateLimited(_REASONS[reason], retry_ms / 1000.0, _headers(rpm, tpm, *snap))
@@ -479,33 +467,9 @@ class RateLimiter:
     async def _run_asks(self, asks: list[_Ask]) -> None:
         """Every acquire asked in one turn of the event loop, in one pipelined round trip
         (under load, one Redis exchange serves many requests)."""
-        script = self._acquire_script
-        assert script is not None and self._store is not None
-        sha = script.sha
-        no_script = self._no_script
-
-        async def send(r: Redis) -> list[Any]:
-            if len(asks) == 1:
-                ask = asks[0]
-                try:
-                    return [await r.evalsha(sha, 2, *ask.keys, *ask.args)]
-                except no_script as exc:
-                    return [exc]
-            pipe = r.pipeline(transaction=False)
-            for ask in asks:
-                pipe.evalsha(sha, 2, *ask.keys, *ask.args)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
-            return replies
-
-        async def run(r: Redis) -> list[Any]:
-            replies = await send(r)
-            if any(isinstance(reply, no_script) for reply in replies):
-                await r.script_load(ACQUIRE_LUA)  # Redis restarted or flushed its scripts
-                replies = await send(r)
-            return replies
-
+        calls = [("EVALSHA", _ACQUIRE_SHA, 2, *ask.keys, *ask.args) for ask in asks]
         try:
-            replies = await self._store.call(run)
+            replies = await self._run_scripts(ACQUIRE_LUA, calls)
         except BaseException as exc:
             failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(repr(exc))
             for ask in asks:
@@ -515,14 +479,13 @@ class RateLimiter:
                 raise
             return
         for ask, reply in zip(asks, replies, strict=True):
-            if isinstance(reply, Exception):
-                outcome: BaseException = StoreUnavailable(type(reply).__name__)
+            if isinstance(reply, ReplyError):
                 if not ask.future.done():
-                    ask.future.set_exception(outcome)
+                    ask.future.set_exception(StoreUnavailable(str(reply)))
                 continue
             if ask.future.done():  # its request went away: give back what Redis granted
-                if ask.abandoned and int(reply[0]) == 0 and (ask.lease_id or ask.cost):
-                    self._defer(ask.key_id, (ask.lease_id, int(reply[1]), -ask.cost))
+                if ask.abandoned and reply[0] == 0 and (ask.lease_id or ask.cost):
+                    self._defer(ask.key_id, (ask.lease_id, reply[1], -ask.cost))
                 continue
             ask.future.set_result(reply)
 
@@ -596,33 +559,20 @@ class RateLimiter:
     async def _send(self, releases: dict[str, list[tuple[str, int, int]]]) -> None:
         """One pipeline of release scripts. Until it is answered, an acquire for one of its
         keys waits for it, so this instance never counts its own finished requests."""
-        script = self._release_script
-        assert script is not None and self._store is not None
-        sha = script.sha
-        no_script = self._no_script
         sent = asyncio.get_running_loop().create_future()
         for key_id in releases:
             self._releasing[key_id] = sent
-
-        async def send(r: Redis) -> list[Any]:
-            pipe = r.pipeline(transaction=False)
-            for key_id, items in releases.items():
-                base = f"{self._prefix}{{{key_id}}}"
-                pipe.evalsha(sha, 2, base, base + ":p", *(v for item in items for v in item))
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
-            return replies
-
-        async def run(r: Redis) -> None:
-            replies = await send(r)
-            if any(isinstance(reply, no_script) for reply in replies):
-                await r.script_load(RELEASE_LUA)  # Redis restarted or flushed its scripts
-                replies = await send(r)
-            failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
-            if failed is not None:
-                raise failed
-
+        calls: list[Command] = []
+        for key_id, items in releases.items():
+            base = f"{self._prefix}{{{key_id}}}"
+            calls.append(
+                ("EVALSHA", _RELEASE_SHA, 2, base, base + ":p", *(v for i in items for v in i))
+            )
         try:
-            await self._store.call(run)
+            replies = await self._run_scripts(RELEASE_LUA, calls)
+            failed = next((reply for reply in replies if isinstance(reply, ReplyError)), None)
+            if failed is not None:
+                raise StoreUnavailable(str(failed))
         except StoreUnavailable:
             for key_id, items in releases.items():
                 self._keep(key_id, items)
@@ -633,6 +583,19 @@ class RateLimiter:
                 if self._releasing.get(key_id) is sent:
                     del self._releasing[key_id]
             sent.set_result(None)
+
+    async def _run_scripts(self, source: str, calls: Sequence[Command]) -> list[Any]:
+        """EVALSHA calls in one round trip; the ones Redis answers NOSCRIPT (it restarted or
+        flushed its scripts; they did not run) go again after loading the script."""
+        store = self._store
+        assert store is not None
+        replies = await store.execute(calls)
+        missing = [i for i, reply in enumerate(replies) if is_no_script(reply)]
+        if missing:
+            again = await store.execute([("SCRIPT", "LOAD", source), *(calls[i] for i in missing)])
+            for i, reply in zip(missing, again[1:], strict=True):
+                replies[i] = reply
+        return replies
 
     def _keep(self, key_id: str, releases: list[tuple[str, int, int]]) -> None:
         """Releases Redis did not take: their slots go with the key's next acquire (the
