@@ -25,6 +25,7 @@ from ballast.config import ModelPrice
 from ballast.state.db import Database
 from ballast.state.schema import spend_events, spend_totals
 from ballast.state.spend import (
+    _EVENT_COLUMNS,
     SpendEvent,
     SpendRecorder,
     SpendUnavailable,
@@ -553,3 +554,9 @@ async def test_a_large_batch_is_written_whole(
     await recorder.flush()
     assert await _totals(db) == pytest.approx({("big", "total"): 300.0})
     assert await _sums(db) == pytest.approx({("big", "total"): 300.0})
+
+
+def test_the_written_out_insert_names_every_column_of_the_table_in_row_order() -> None:
+    event = SpendEvent("e1", "k1", "total", "m", "d", 1, 2, 0.5, False, 1.0)
+    assert _EVENT_COLUMNS == tuple(column.name for column in spend_events.columns)
+    assert dict(zip(_EVENT_COLUMNS, event.values(), strict=True)) == event.row()

@@ -1,0 +1,181 @@
+"""CPU per request of Ballast's ASGI app called directly (no HTTP server in between) against
+the fixed-answer nginx upstream: the steadiest figure for comparing two versions of the hot
+path on a busy machine. The process's CPU time (all its threads) over a fixed number of
+requests, in several phases; the lowest phase is the least disturbed one.
+
+    .venv/bin/python bench/cpu.py                      # non-streaming, this tree's src/
+    .venv/bin/python bench/cpu.py --stream
+    .venv/bin/python bench/cpu.py --src ../old/src     # an older tree, for an A/B
+    .venv/bin/python bench/cpu.py --keys               # with a key, limits, budget, spend
+    .venv/bin/python bench/cpu.py --keys --redis redis://127.0.0.1:6379/0
+
+Not part of the test suite. Run an A/B interleaved (old, new, old, new): the machine's other
+work moves the absolute numbers by more than most single changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import targets as tg
+from procs import ProcessGroup
+
+CONCURRENCY = 8
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stream", action="store_true", help="streamed chat completions")
+    parser.add_argument("--src", type=Path, default=tg.REPO / "src", help="Ballast's src/")
+    parser.add_argument("--keys", action="store_true", help="keys, limits, budget and spend")
+    parser.add_argument(
+        "--redis", metavar="URL", help="with --keys: keep limits and spend in Redis"
+    )
+    parser.add_argument("--requests", type=int, default=8000, help="per phase")
+    parser.add_argument("--phases", type=int, default=6)
+    return parser.parse_args()
+
+
+def scope(body: bytes, key: str) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 50000),
+        "scheme": "http",
+        "method": "POST",
+        "root_path": "",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"127.0.0.1:8000"),
+            (b"content-type", b"application/json"),
+            (b"authorization", b"Bearer " + key.encode()),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    }
+
+
+async def measure(args: argparse.Namespace, config: dict[str, Any], key: str) -> list[float]:
+    from ballast.app import BallastApp
+    from ballast.config import Settings
+    from ballast.observe.logs import setup_logging
+
+    setup_logging("warning")
+    app = BallastApp(Settings.model_validate(config))
+    await app.startup()
+    patch = os.environ.get("PATCH", "")
+    access = app.handlers.access if hasattr(app, "handlers") else None
+    import gc
+    access = next(o for o in gc.get_objects() if type(o).__name__ == "Access")
+    if "spend" in patch:
+        access.spend.record = lambda event: None
+    if "limit" in patch:
+        from ballast.state.ratelimit import Lease, _UNLIMITED_SNAPSHOT
+        async def acquire(limits, est):
+            return Lease(0, limits.key_id, 0, 0, "", None, None, _UNLIMITED_SNAPSHOT)
+        access.limiter.acquire = acquire
+    if "budget" in patch:
+        async def spent(key):
+            return 0.0
+        access._spent = spent
+    if "auth" in patch:
+        rec = await access.authenticate(scope(b"", key))
+        async def auth(scope):
+            return rec
+        access.authenticate = auth
+    model = "bench-stream" if args.stream else "bench-model"
+    body = b'{"model": "%s", "stream": %s, "messages": [{"role": "user", "content": "hi"}]}' % (
+        model.encode(),
+        b"true" if args.stream else b"false",
+    )
+    failures = 0
+
+    async def one() -> None:
+        nonlocal failures
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.sleep(3600)  # the client never goes away
+            return {"type": "http.disconnect"}
+
+        status = 0
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+
+        await app(scope(body, key), receive, send)
+        failures += status != 200
+
+    async def worker(count: int) -> None:
+        for _ in range(count):
+            await one()
+
+    try:
+        await asyncio.gather(*(worker(200) for _ in range(CONCURRENCY)))  # warm up
+        phases = []
+        for _ in range(args.phases):
+            started = time.process_time()
+            await asyncio.gather(
+                *(worker(args.requests // CONCURRENCY) for _ in range(CONCURRENCY))
+            )
+            phases.append((time.process_time() - started) * 1e6 / args.requests)
+    finally:
+        await app.shutdown()
+    if failures:
+        raise SystemExit(f"{failures} requests did not answer 200")
+    return phases
+
+
+def describe(args: argparse.Namespace) -> str:
+    if not args.keys:
+        return "open"
+    return "keys+limits+spend" + (", Redis" if args.redis else ", SQLite")
+
+
+def main() -> int:
+    args = parse_args()
+    sys.path.insert(0, str(args.src.resolve()))  # ahead of any installed copy
+    import uvloop
+
+    procs = ProcessGroup()
+    workdir = Path(tempfile.mkdtemp(prefix="ballast-cpu-"))
+    os.chdir(workdir)  # the embedded database and journal land here
+    try:
+        upstream = tg.start_nginx(procs, workdir)
+        key = "sk-bench"
+        extra = None
+        if args.keys:
+            extra = tg.keys_config(workdir, "cpu", args.redis)
+            key = tg.create_key(workdir, upstream, extra, args.src.resolve())
+        config = tg.ballast_config(0, upstream, extra)
+        phases = uvloop.run(measure(args, config, key))
+    finally:
+        procs.stop_all()
+    kind = "stream" if args.stream else "request"
+    print(
+        f"CPU per {kind}: min {min(phases):.1f} us, median {statistics.median(phases):.1f} us "
+        f"({args.phases} phases of {args.requests}, {CONCURRENCY} concurrent, "
+        f"{describe(args)}, src {args.src})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
