@@ -74,6 +74,12 @@ async def measure(args: argparse.Namespace, config: dict[str, Any], key: str) ->
     setup_logging("warning")
     app = BallastApp(Settings.model_validate(config))
     await app.startup()
+    try:  # as `ballast serve` does once started (trees older than heap.py do not)
+        from ballast.heap import settle_after_startup
+
+        settle_after_startup(app.settings.server.gc_young_threshold)
+    except ImportError:
+        pass
     model = "bench-stream" if args.stream else "bench-model"
     body = b'{"model": "%s", "stream": %s, "messages": [{"role": "user", "content": "hi"}]}' % (
         model.encode(),

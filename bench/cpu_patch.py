@@ -75,7 +75,6 @@ async def measure(args: argparse.Namespace, config: dict[str, Any], key: str) ->
     app = BallastApp(Settings.model_validate(config))
     await app.startup()
     patch = os.environ.get("PATCH", "")
-    access = app.handlers.access if hasattr(app, "handlers") else None
     import gc
     access = next(o for o in gc.get_objects() if type(o).__name__ == "Access")
     if "spend" in patch:
@@ -94,6 +93,14 @@ async def measure(args: argparse.Namespace, config: dict[str, Any], key: str) ->
         async def auth(scope):
             return rec
         access.authenticate = auth
+    if "off" in patch:
+        access.enabled = False
+    try:  # as `ballast serve` does once started (trees older than heap.py do not)
+        from ballast.heap import settle_after_startup
+
+        settle_after_startup(app.settings.server.gc_young_threshold)
+    except ImportError:
+        pass
     model = "bench-stream" if args.stream else "bench-model"
     body = b'{"model": "%s", "stream": %s, "messages": [{"role": "user", "content": "hi"}]}' % (
         model.encode(),

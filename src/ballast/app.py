@@ -23,6 +23,7 @@ from ballast.api.keys_admin import KeysAdmin
 from ballast.api.openai import OpenAIHandlers
 from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import Settings
+from ballast.heap import settle_after_startup
 from ballast.jobs.dispatcher import Dispatcher
 from ballast.jobs.store import JobStore
 from ballast.observe.hub import Observer
@@ -180,6 +181,7 @@ class BallastApp:
                     log.exception("start-up failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
+                settle_after_startup(self.settings.server.gc_young_threshold)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.shutdown()

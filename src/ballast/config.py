@@ -107,6 +107,12 @@ class ServerSettings(_Strict):
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="a request's header block")
     keepalive_timeout: float = Field(30.0, gt=0, description="an idle client connection")
     shutdown_grace: float = Field(30.0, ge=0, description="SIGTERM: time to finish requests")
+    gc_young_threshold: int = Field(
+        10_000,
+        ge=0,
+        description="new objects between young garbage collections once started (heap.py);"
+        " 0 keeps Python's defaults",
+    )
 
 
 class UpstreamSettings(_Strict):

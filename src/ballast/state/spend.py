@@ -26,15 +26,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import random
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 import sqlalchemy as sa
@@ -63,8 +63,10 @@ _KeyPeriod = tuple[str, str]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class SpendEvent:
+class SpendEvent(NamedTuple):
+    """One response's spend. A tuple in column order: made on every answered request
+    (about 0.3 us, against 2 us for a frozen dataclass), and its own row of values."""
+
     id: str
     key_id: str
     period: str
@@ -77,34 +79,7 @@ class SpendEvent:
     created_at: float
 
     def row(self) -> dict[str, Any]:
-        # Spelled out: `dataclasses.asdict` deep-copies and costs ~8 us per event.
-        return {
-            "id": self.id,
-            "key_id": self.key_id,
-            "period": self.period,
-            "model": self.model,
-            "deployment": self.deployment,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cost": self.cost,
-            "cached": self.cached,
-            "created_at": self.created_at,
-        }
-
-    def values(self) -> tuple[Any, ...]:
-        """The row's values in `_EVENT_COLUMNS` order."""
-        return (
-            self.id,
-            self.key_id,
-            self.period,
-            self.model,
-            self.deployment,
-            self.prompt_tokens,
-            self.completion_tokens,
-            self.cost,
-            self.cached,
-            self.created_at,
-        )
+        return self._asdict()
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> SpendEvent:
@@ -127,18 +102,7 @@ class SpendEvent:
 # with any batch size that cache grew by megabytes an hour; with these it holds four.
 _CHUNK_SIZES = (512, 64, 8, 1)
 
-_EVENT_COLUMNS = (
-    "id",
-    "key_id",
-    "period",
-    "model",
-    "deployment",
-    "prompt_tokens",
-    "completion_tokens",
-    "cost",
-    "cached",
-    "created_at",
-)
+_EVENT_COLUMNS = SpendEvent._fields
 
 
 def _fixed_chunks(items: list[T]) -> Iterator[list[T]]:
@@ -440,7 +404,7 @@ class SpendRecorder:
         async with self.db.begin() as connection:
             inserted: list[SpendEvent] = []
             for chunk in _fixed_chunks(list(unique.values())):
-                values = tuple(v for event in chunk for v in event.values())
+                values = tuple(itertools.chain.from_iterable(chunk))
                 sql = _insert_events_sql(len(chunk), numbered)
                 result = await connection.exec_driver_sql(sql, values)
                 inserted.extend(unique[row[0]] for row in result.fetchall())
