@@ -241,6 +241,32 @@ async def test_concurrent_acquires_share_round_trips_and_stay_exact(
         assert a.fallbacks == 0
 
 
+async def test_one_script_call_per_key_judges_its_acquires_in_order(
+    redis_url: str, keys: list[str]
+) -> None:
+    tokens_key, slots_key = new_key(), new_key()
+    keys += [tokens_key, slots_key]
+    tokens = Limits(tokens_key, rpm=None, tpm=100, max_parallel=None)
+    slots = Limits(slots_key, rpm=None, tpm=None, max_parallel=2)
+    async for a, _ in gateways(redis_url, call_timeout=1.0):
+        calls = store_of(a).calls
+        got = await asyncio.gather(
+            try_acquire(a, tokens, 30),
+            try_acquire(a, slots),
+            try_acquire(a, tokens, 50),
+            try_acquire(a, slots),
+            try_acquire(a, tokens, 40),  # 120 > 100: refused
+            try_acquire(a, slots),  # a third slot: refused
+            try_acquire(a, tokens, 20),  # 100: fits after the refusal
+        )
+        assert store_of(a).calls - calls == 1  # both keys' batches in one round trip
+        assert [lease is not None for lease in got] == [True, True, True, True, False, False, True]
+        third = got[2]
+        assert third is not None
+        assert dict(third.headers)[b"x-ratelimit-remaining-tokens"] == b"20"  # after 30 + 50
+        assert a.fallbacks == 0
+
+
 async def test_an_acquire_abandoned_in_flight_gives_its_slot_back(
     redis_url: str, keys: list[str]
 ) -> None:

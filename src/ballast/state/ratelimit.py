@@ -19,11 +19,13 @@ same window (or to the previous one, if the window has rolled since; older is dr
 A request whose estimate alone exceeds the whole TPM limit is admitted only when the key's
 window is empty (it cannot ever fit otherwise), and then books its full estimate.
 
-Redis. One Lua script per `acquire` (atomic, Redis server time, never the gateway's clock,
+Redis. A Lua script judges acquires (atomic, Redis server time, never the gateway's clock,
 so instances with skewed clocks agree). The acquires asked in one turn of the event loop go
-out together in one pipeline: under load one round trip serves many requests, and each
-script still runs on its own, so the limits are exactly as strict. Keys, all with the key id as a
-cluster hash tag:
+out together in one pipeline, one script call per key: under load one round trip serves
+many requests, and a busy key's counters are read and written once for all of them. The
+script judges each acquire after the ones before it, exactly as separate calls would, so
+the limits are exactly as strict. The connection is the lean one of `resp.py`. Keys, all
+with the key id as a cluster hash tag:
 
     ballast:rl:{<key_id>}     hash: w (window number), rc/rp (requests current/previous),
                               tc/tp (tokens current/previous); expires after two windows
@@ -78,11 +80,13 @@ _MAX_LOCAL_KEYS: Final = 50_000  # idle local entries are pruned beyond this
 _REASONS: Final = ("", "requests", "tokens", "parallel")
 
 # KEYS: counters hash, parallel lease set.
-# ARGV: rpm, tpm, max_parallel (-1 = not enforced), cost, lease id, lease ttl (ms),
-#       then releases to apply first, three values each: lease id ('' none), the window
-#       number its tokens were booked in, token delta.
-# Returns: reason (0 admitted, 1 requests, 2 tokens, 3 parallel), window number, ms into
-#          the window, rc, rp, tc, tp (after admission), leases in flight, retry after (ms).
+# ARGV: rpm, tpm, max_parallel (-1 = not enforced), lease ttl (ms), n, then n acquires of
+#       two values each (cost, lease id), then releases to apply first, three values each:
+#       lease id ('' none), the window number its tokens were booked in, token delta.
+# Returns n replies, one per acquire in order: reason (0 admitted, 1 requests, 2 tokens,
+#         3 parallel), window number, ms into the window, rc, rp, tc, tp (after it), leases
+#         in flight, retry after (ms). Each acquire is judged after the ones before it, as
+#         if each had run a script of its own; the counters are read and written once.
 # Applies the releases in ARGV from index `first` on (KEYS as above).
 _APPLY_RELEASES: Final = """
 local function apply_releases(first)
@@ -107,12 +111,13 @@ end
 ACQUIRE_LUA: Final = (
     _APPLY_RELEASES
     + """
-apply_releases(7)
+local n = tonumber(ARGV[5])
+apply_releases(6 + 2 * n)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local W = 60000
 local rpm, tpm, par = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
+local ttl = tonumber(ARGV[4])
 local win = math.floor(now / W)
 local into = now - win * W
 local weight = (W - into) / W
@@ -142,31 +147,42 @@ local function wait(p, c, need, limit)
   end
   return (W - into) + math.max(0, math.ceil(W * (1 - (limit - need) / c)))
 end
-local reason, retry = 0, 0
-if par >= 0 and inflight >= par then
-  reason, retry = 3, 1000
-elseif rpm >= 0 and (rpm <= 0 or rp * weight + rc + 1 > rpm) then
-  reason, retry = 1, wait(rp, rc, 1, rpm)
-elseif tpm >= 0 then
-  local need = math.min(cost, tpm)
-  if tpm <= 0 or tp * weight + tc + need > tpm then
-    reason, retry = 2, wait(tp, tc, need, tpm)
+local out = {}
+local booked, leased = false, false
+for i = 0, n - 1 do
+  local cost = tonumber(ARGV[6 + 2 * i])
+  local reason, retry = 0, 0
+  if par >= 0 and inflight >= par then
+    reason, retry = 3, 1000
+  elseif rpm >= 0 and (rpm <= 0 or rp * weight + rc + 1 > rpm) then
+    reason, retry = 1, wait(rp, rc, 1, rpm)
+  elseif tpm >= 0 then
+    local need = math.min(cost, tpm)
+    if tpm <= 0 or tp * weight + tc + need > tpm then
+      reason, retry = 2, wait(tp, tc, need, tpm)
+    end
   end
+  if reason == 0 then
+    if counted then
+      rc, tc = rc + 1, tc + cost
+      booked = true
+    end
+    if par >= 0 then
+      redis.call('ZADD', KEYS[2], now + ttl, ARGV[7 + 2 * i])
+      inflight = inflight + 1
+      leased = true
+    end
+  end
+  out[i + 1] = {reason, win, into, rc, rp, tc, tp, inflight, retry}
 end
-if reason == 0 then
-  if counted then
-    rc, tc = rc + 1, tc + cost
-    redis.call('HSET', KEYS[1], 'w', win, 'rc', rc, 'rp', rp, 'tc', tc, 'tp', tp)
-    redis.call('PEXPIRE', KEYS[1], 2 * W + 1000)
-  end
-  if par >= 0 then
-    local ttl = tonumber(ARGV[6])
-    redis.call('ZADD', KEYS[2], now + ttl, ARGV[5])
-    redis.call('PEXPIRE', KEYS[2], ttl)
-    inflight = inflight + 1
-  end
+if booked then
+  redis.call('HSET', KEYS[1], 'w', win, 'rc', rc, 'rp', rp, 'tc', tc, 'tp', tp)
+  redis.call('PEXPIRE', KEYS[1], 2 * W + 1000)
 end
-return {reason, win, into, rc, rp, tc, tp, inflight, retry}
+if leased then
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
+return out
 """
 )
 
@@ -279,20 +295,17 @@ class _LocalKey:
 class _Ask:
     """One acquire waiting for its turn's pipeline."""
 
-    __slots__ = ("abandoned", "args", "cost", "future", "key_id", "keys", "lease_id", "pending")
+    __slots__ = ("abandoned", "cost", "future", "group", "key_id", "lease_id", "pending")
 
     def __init__(
         self,
-        key_id: str,
-        keys: tuple[str, str],
-        args: list[str | int],
+        group: tuple[str, int, int, int],
         cost: int,
         lease_id: str,
         pending: list[tuple[str, int, int]] | None,
     ) -> None:
-        self.key_id = key_id
-        self.keys = keys
-        self.args = args
+        self.group = group  # key id and limits (-1: not enforced): one script call each
+        self.key_id = group[0]
         self.cost = cost
         self.lease_id = lease_id
         self.pending = pending
@@ -421,25 +434,18 @@ class RateLimiter:
         rpm, tpm, par = limits.rpm, limits.tpm, limits.max_parallel
         key_id = limits.key_id
         lease_id = f"{self._id_prefix}{next(self._ids)}" if par is not None else ""
-        base = f"{self._prefix}{{{key_id}}}"
-        keys = (base, base + ":p")
-        args: list[str | int] = [
-            -1 if rpm is None else rpm,
-            -1 if tpm is None else tpm,
-            -1 if par is None else par,
-            cost,
-            lease_id,
-            self._lease_ttl_ms,
-        ]
         sending = self._releasing.get(key_id)
         if sending is not None:  # this key's releases are on their way: count after them
             await asyncio.shield(sending)
         # Deferred releases ride along; they go back if this call fails.
         pending = self._deferred.pop(key_id, None)
-        if pending:
-            for release in pending:
-                args.extend(release)
-        ask = _Ask(key_id, keys, args, cost, lease_id, pending)
+        group = (
+            key_id,
+            -1 if rpm is None else rpm,
+            -1 if tpm is None else tpm,
+            -1 if par is None else par,
+        )
+        ask = _Ask(group, cost, lease_id, pending)
         self._asks.append(ask)
         if len(self._asks) == 1:  # the first of this turn of the loop sends them all
             asyncio.get_running_loop().call_soon(self._send_asks)
@@ -465,9 +471,24 @@ class RateLimiter:
         task.add_done_callback(self._flushes.discard)
 
     async def _run_asks(self, asks: list[_Ask]) -> None:
-        """Every acquire asked in one turn of the event loop, in one pipelined round trip
-        (under load, one Redis exchange serves many requests)."""
-        calls = [("EVALSHA", _ACQUIRE_SHA, 2, *ask.keys, *ask.args) for ask in asks]
+        """Every acquire asked in one turn of the event loop, in one pipelined round trip,
+        and one script call per key (under load, one exchange serves many requests, and
+        Redis reads and writes a busy key's counters once for all of them)."""
+        groups: dict[tuple[str, int, int, int], list[_Ask]] = {}
+        for ask in asks:
+            groups.setdefault(ask.group, []).append(ask)
+        calls: list[Command] = []
+        for (key_id, rpm, tpm, par), members in groups.items():
+            base = f"{self._prefix}{{{key_id}}}"
+            call: list[str | int] = ["EVALSHA", _ACQUIRE_SHA, 2, base, base + ":p"]
+            call += (rpm, tpm, par, self._lease_ttl_ms, len(members))
+            for ask in members:
+                call += (ask.cost, ask.lease_id)
+            for ask in members:
+                if ask.pending:
+                    for release in ask.pending:
+                        call.extend(release)
+            calls.append(call)
         try:
             replies = await self._run_scripts(ACQUIRE_LUA, calls)
         except BaseException as exc:
@@ -478,16 +499,18 @@ class RateLimiter:
             if not isinstance(exc, Exception):
                 raise
             return
-        for ask, reply in zip(asks, replies, strict=True):
+        for members, reply in zip(groups.values(), replies, strict=True):
             if isinstance(reply, ReplyError):
-                if not ask.future.done():
-                    ask.future.set_exception(StoreUnavailable(str(reply)))
+                for ask in members:
+                    if not ask.future.done():
+                        ask.future.set_exception(StoreUnavailable(str(reply)))
                 continue
-            if ask.future.done():  # its request went away: give back what Redis granted
-                if ask.abandoned and reply[0] == 0 and (ask.lease_id or ask.cost):
-                    self._defer(ask.key_id, (ask.lease_id, reply[1], -ask.cost))
-                continue
-            ask.future.set_result(reply)
+            for ask, answer in zip(members, reply, strict=True):
+                if ask.future.done():  # its request went away: give back what Redis granted
+                    if ask.abandoned and answer[0] == 0 and (ask.lease_id or ask.cost):
+                        self._defer(ask.key_id, (ask.lease_id, answer[1], -ask.cost))
+                    continue
+                ask.future.set_result(answer)
 
     # -- release -----------------------------------------------------------------------
 
