@@ -219,16 +219,16 @@ class Access:
         now = self.clock.time()
         cost = 0.0 if cached else cost_of(self.prices, model, prompt, completion)
         self.spend.record(
-            SpendEvent(
-                id=f"{self._event_prefix}{next(self._event_ids):x}",
-                key_id=ticket.key.id,
-                period=period_of(ticket.key.budget_period, now),
-                model=model,
-                deployment=deployment,
-                prompt_tokens=prompt,
-                completion_tokens=completion,
-                cost=cost,
-                cached=cached,
-                created_at=now,
+            SpendEvent(  # positional: a keyword call costs a tuple twice as much
+                f"{self._event_prefix}{next(self._event_ids):x}",
+                ticket.key.id,
+                period_of(ticket.key.budget_period, now),
+                model,
+                deployment,
+                prompt,
+                completion,
+                cost,
+                cached,
+                now,
             )
         )
