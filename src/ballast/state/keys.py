@@ -29,9 +29,16 @@ KEY_PREFIX = "sk-bl-"
 PERIODS = ("day", "month", "total")
 
 
+_SHA256 = hashlib.sha256()
+
+
 def hash_key(plaintext: str) -> str:
-    """Keys carry 256 random bits, so a plain SHA-256 is a safe, fast one-way hash."""
-    return hashlib.sha256(plaintext.encode("utf-8", "surrogatepass")).hexdigest()
+    """Keys carry 256 random bits, so a plain SHA-256 is a safe, fast one-way hash. Copied
+    from an empty one: with OpenSSL 3, `hashlib.sha256()` looks the algorithm up anew on
+    every call (a locked query), and this runs on every request."""
+    digest = _SHA256.copy()
+    digest.update(plaintext.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
