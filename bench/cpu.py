@@ -1,7 +1,9 @@
 """CPU per request of Ballast's ASGI app called directly (no HTTP server in between) against
 the fixed-answer nginx upstream: the steadiest figure for comparing two versions of the hot
 path on a busy machine. The process's CPU time (all its threads) over a fixed number of
-requests, in several phases; the lowest phase is the least disturbed one.
+requests, in several phases; the lowest phase is the least disturbed one. The event loop's
+thread alone is given too: one worker's throughput is bound by it, while the database
+driver's thread can use another core.
 
     .venv/bin/python bench/cpu.py                      # non-streaming, this tree's src/
     .venv/bin/python bench/cpu.py --stream
@@ -66,7 +68,9 @@ def scope(body: bytes, key: str) -> dict[str, Any]:
     }
 
 
-async def measure(args: argparse.Namespace, config: dict[str, Any], key: str) -> list[float]:
+async def measure(
+    args: argparse.Namespace, config: dict[str, Any], key: str
+) -> list[tuple[float, float]]:
     from ballast.app import BallastApp
     from ballast.config import Settings
     from ballast.observe.logs import setup_logging
@@ -117,11 +121,13 @@ async def measure(args: argparse.Namespace, config: dict[str, Any], key: str) ->
         await asyncio.gather(*(worker(200) for _ in range(CONCURRENCY)))  # warm up
         phases = []
         for _ in range(args.phases):
-            started = time.process_time()
+            started, loop_started = time.process_time(), time.thread_time()
             await asyncio.gather(
                 *(worker(args.requests // CONCURRENCY) for _ in range(CONCURRENCY))
             )
-            phases.append((time.process_time() - started) * 1e6 / args.requests)
+            whole = (time.process_time() - started) * 1e6 / args.requests
+            loop_thread = (time.thread_time() - loop_started) * 1e6 / args.requests
+            phases.append((whole, loop_thread))
     finally:
         await app.shutdown()
     if failures:
@@ -155,10 +161,13 @@ def main() -> int:
     finally:
         procs.stop_all()
     kind = "stream" if args.stream else "request"
+    whole = [p[0] for p in phases]
+    loop_thread = [p[1] for p in phases]
     print(
-        f"CPU per {kind}: min {min(phases):.1f} us, median {statistics.median(phases):.1f} us "
-        f"({args.phases} phases of {args.requests}, {CONCURRENCY} concurrent, "
-        f"{describe(args)}, src {args.src})"
+        f"CPU per {kind}: min {min(whole):.1f} us, median {statistics.median(whole):.1f} us; "
+        f"event loop's thread alone: min {min(loop_thread):.1f}, median "
+        f"{statistics.median(loop_thread):.1f} ({args.phases} phases of {args.requests}, "
+        f"{CONCURRENCY} concurrent, {describe(args)}, src {args.src})"
     )
     return 0
 

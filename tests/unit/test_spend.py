@@ -10,7 +10,7 @@ import itertools
 import random
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +253,36 @@ async def test_duplicate_ids_are_written_once(
     await recorder.flush()
     assert [r[0] for r in await rows(db)] == [e.id]
     assert await recorder.key_spend("k1", "total") == 2.0
+    assert recorder.rechecks == 1  # the fast write found it there and checked every id
+    await recorder.close()
+
+
+async def test_an_event_recorded_twice_in_one_batch_counts_once(
+    db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder]
+) -> None:
+    recorder = make_recorder()
+    await recorder.start()
+    first, twice = event(cost=1.0), event(cost=2.0)
+    for e in (first, twice, twice):
+        recorder.record(e)
+    await recorder.flush()
+    assert sorted(r[0] for r in await rows(db)) == sorted([first.id, twice.id])
+    assert await recorder.key_spend("k1", "total") == 3.0
+    await recorder.close()
+
+
+async def test_fresh_events_take_the_fast_write(
+    db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder]
+) -> None:
+    recorder = make_recorder()
+    await recorder.start()
+    events = [event(cost=0.5) for _ in range(600)]  # more than one multi-row chunk
+    for e in events:
+        recorder.record(e)
+    await recorder.flush()
+    assert len(await rows(db)) == 600
+    assert await recorder.key_spend("k1", "total") == 300.0
+    assert recorder.rechecks == 0
     await recorder.close()
 
 
@@ -468,6 +498,40 @@ async def test_spill_failure_keeps_events_in_memory(
     await recorder.flush()
     assert recorder.pending_events == 0
     assert len(await rows(db)) == 1
+
+
+async def test_a_commit_whose_answer_was_lost_is_not_counted_twice(
+    db: FlakyDatabase,
+    make_recorder: Callable[..., SpendRecorder],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("no journal: the batch stays in memory and is tried again")
+    recorder = make_recorder()
+    recorder.journal = blocker / "spend.journal"
+    recorder.replay_journal = blocker / "spend.journal.replay"
+    write = recorder._write
+    answers_lost = [True]
+
+    async def committed_but_unanswered(
+        checked: Sequence[SpendEvent], fresh: Sequence[SpendEvent]
+    ) -> list[SpendEvent]:
+        inserted = await write(checked, fresh)
+        if answers_lost.pop() if answers_lost else False:
+            raise ConnectionError("the commit's answer was lost")
+        return inserted
+
+    monkeypatch.setattr(recorder, "_write", committed_but_unanswered)
+    recorder.record(event(cost=3.0))
+    await recorder.flush()
+    assert recorder.pending_events == 1  # the database has it; this process cannot know
+    recorder.record(event(cost=1.0))
+    await recorder.flush()  # the fast write finds the first there: all are checked
+    assert recorder.pending_events == 0
+    assert len(await rows(db)) == 2
+    assert await recorder.key_spend("k1", "total") == 4.0
+    assert recorder.rechecks == 1
 
 
 def test_an_event_row_has_every_field_and_reads_back() -> None:

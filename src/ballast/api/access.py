@@ -79,7 +79,8 @@ class Access:
         self._budget_cache: dict[tuple[str, str], tuple[float, float]] = {}
         self._refreshing: dict[tuple[str, str], asyncio.Future[float]] = {}
         # Spend event ids: unique across processes and restarts (a random prefix per
-        # process) without a random draw per request.
+        # process) without a random draw per request; zero-padded, so one process's ids
+        # sort in order and land at the end of the primary key's index.
         self._event_prefix = uuid.uuid4().hex[:16] + "-"
         self._event_ids = itertools.count(1)
 
@@ -220,7 +221,7 @@ class Access:
         cost = 0.0 if cached else cost_of(self.prices, model, prompt, completion)
         self.spend.record(
             SpendEvent(  # positional: a keyword call costs a tuple twice as much
-                f"{self._event_prefix}{next(self._event_ids):x}",
+                f"{self._event_prefix}{next(self._event_ids):012x}",
                 ticket.key.id,
                 period_of(ticket.key.budget_period, now),
                 model,

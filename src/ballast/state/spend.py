@@ -114,11 +114,11 @@ def _fixed_chunks(items: list[T]) -> Iterator[list[T]]:
 
 
 @functools.cache
-def _insert_events_sql(rows: int, numbered: bool) -> str:
+def _insert_events_sql(rows: int, numbered: bool, returning: bool = True) -> str:
     """One multi-row INSERT of `rows` events that skips ids already there and returns the
-    ids it inserted. Written out rather than built by SQLAlchemy, which spent ~8 us a row
-    on bind processing: the values go to the driver as one flat tuple. `numbered`: $1, $2
-    placeholders (asyncpg) instead of ? (sqlite3)."""
+    ids it inserted (unless not `returning`). Written out rather than built by SQLAlchemy,
+    which spent ~8 us a row on bind processing: the values go to the driver as they are.
+    `numbered`: $1, $2 placeholders (asyncpg) instead of ? (sqlite3)."""
     width = len(_EVENT_COLUMNS)
     if numbered:
         groups = (
@@ -129,8 +129,13 @@ def _insert_events_sql(rows: int, numbered: bool) -> str:
     return (
         f"INSERT INTO {spend_events.name} ({','.join(_EVENT_COLUMNS)}) VALUES "
         + ",".join(groups)
-        + " ON CONFLICT (id) DO NOTHING RETURNING id"
+        + " ON CONFLICT (id) DO NOTHING"
+        + (" RETURNING id" if returning else "")
     )
+
+
+class _AlreadyThere(Exception):
+    """A fresh event's id was in the database after all (recorded twice)."""
 
 
 class SpendUnavailable(Exception):
@@ -211,6 +216,7 @@ class SpendRecorder:
         # Counters for status and tests.
         self.db_attempts = 0
         self.spills = 0
+        self.rechecks = 0  # batches written again with every id checked (one was there)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -368,7 +374,7 @@ class SpendRecorder:
                 return
             self.db_attempts += 1
             try:
-                inserted = await self._insert([*replay, *batch])
+                inserted = await self._insert(replay, batch)
             except Exception as exc:
                 self._on_failure(exc, len(replay), len(batch))
                 await self._spill_inflight()
@@ -390,10 +396,30 @@ class SpendRecorder:
                 _add(self._committed, event)
             await self._add_to_counters(deltas)
 
-    async def _insert(self, events: Sequence[SpendEvent]) -> list[SpendEvent]:
+    async def _insert(
+        self, checked: Sequence[SpendEvent], fresh: Sequence[SpendEvent]
+    ) -> list[SpendEvent]:
         """Write the events, and add the ones actually inserted to their key's totals, in
-        one transaction; return the inserted ones."""
-        unique = {event.id: event for event in events}
+        one transaction; return the inserted ones.
+
+        `checked` (a journal's replay) may well be in the database already: a multi-row
+        INSERT returns the ids it added. `fresh` (the buffer) almost never is: on SQLite one
+        executemany, whose loop runs in the driver's thread, adds them (4.7 us an event, not
+        7.9, and almost none on the event loop); its row count proves none was there. If one
+        was (a retry after a commit whose answer was lost), the transaction is rolled back
+        and every event checked. PostgreSQL's driver reports no such count: there all are
+        checked."""
+        if fresh and self.db.is_sqlite:
+            try:
+                return await self._write(checked, fresh)
+            except _AlreadyThere:
+                self.rechecks += 1  # rolled back
+        return await self._write([*checked, *fresh], ())
+
+    async def _write(
+        self, checked: Sequence[SpendEvent], fresh: Sequence[SpendEvent]
+    ) -> list[SpendEvent]:
+        unique = {event.id: event for event in checked}
         # The dialect's own insert (for the totals), imported when first used: each process
         # loads one.
         if self.db.is_sqlite:
@@ -408,6 +434,12 @@ class SpendRecorder:
                 sql = _insert_events_sql(len(chunk), numbered)
                 result = await connection.exec_driver_sql(sql, values)
                 inserted.extend(unique[row[0]] for row in result.fetchall())
+            if fresh:
+                sql = _insert_events_sql(1, numbered, returning=False)
+                result = await connection.exec_driver_sql(sql, list(fresh))  # rows are tuples
+                if result.rowcount != len(fresh):
+                    raise _AlreadyThere
+                inserted.extend(fresh)
             deltas: dict[_KeyPeriod, float] = {}
             for event in inserted:
                 _add(deltas, event)
