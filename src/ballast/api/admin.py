@@ -24,6 +24,7 @@ import orjson
 from ballast.api.asgi import JSON, Receive, Scope, Send, header, send_bytes, send_error
 from ballast.api.errors import ApiError
 from ballast.config import ConfigError, Settings, load_settings, masked
+from ballast.heap import settle_after_retire
 from ballast.observe.hub import Observer, Trace
 from ballast.observe.metrics import CONTENT_TYPE
 from ballast.routing.router import Router
@@ -444,6 +445,7 @@ class Admin:
         task = asyncio.get_running_loop().create_task(old.retire(grace))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
+        task.add_done_callback(lambda _: settle_after_retire())
 
     async def close(self) -> None:
         """At shutdown: let retiring generations finish (they hold open connections)."""
