@@ -108,10 +108,11 @@ class _Protocol(asyncio.Protocol):
     def _fail(self, error: Exception) -> None:
         if self.lost is None:
             self.lost = error
+        why = str(self.lost)
         while self.batches:
             future = self.batches.popleft().future
-            if not future.done():
-                future.set_exception(self.lost)
+            if not future.done():  # one exception each: a shared one would pile up tracebacks
+                future.set_exception(ConnectionError(why))
 
     def close(self) -> None:
         self._fail(ConnectionError("Redis connection closed"))
