@@ -13,7 +13,7 @@ import gc, weakref
 from ballast.heap import settle_after_retire, settle_after_startup
 
 class Node:
-    pass
+    other = back = None
 
 generation = Node()  # made at start-up, dropped when a reload retires it
 generation.other = Node()

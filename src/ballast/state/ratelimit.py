@@ -645,32 +645,37 @@ def _headers(
 ) -> list[tuple[bytes, bytes]]:
     """OpenAI's x-ratelimit-* headers. `reset` is the time until the window is back to
     its initial state (all usage aged out), as OpenAI defines it. Built for every limited
-    response, so it is written out flat, and the two resets are formatted once when they
-    agree (they usually do)."""
+    response, so the two resets are formatted once when they agree (they usually do)."""
     out: list[tuple[bytes, bytes]] = []
     weight = (WINDOW - into) / WINDOW
     seconds = -1.0
     reset = b""
     if rpm is not None:
-        seconds = 2 * WINDOW - into if rc > 0 else WINDOW - into if rp > 0 else 0.0
+        seconds = _reset_seconds(rc, rp, into)
         reset = format_duration(seconds).encode()
-        left = math.floor(rpm - (rp * weight + rc) + 1e-9)
-        out += (
-            (b"x-ratelimit-limit-requests", b"%d" % rpm),
-            (b"x-ratelimit-remaining-requests", b"%d" % (left if left > 0 else 0)),
-            (b"x-ratelimit-reset-requests", reset),
-        )
+        out.append((b"x-ratelimit-limit-requests", b"%d" % rpm))
+        out.append((b"x-ratelimit-remaining-requests", _remaining(rpm, rp * weight + rc)))
+        out.append((b"x-ratelimit-reset-requests", reset))
     if tpm is not None:
-        token_seconds = 2 * WINDOW - into if tc > 0 else WINDOW - into if tp > 0 else 0.0
+        token_seconds = _reset_seconds(tc, tp, into)
         if token_seconds != seconds:
             reset = format_duration(token_seconds).encode()
-        left = math.floor(tpm - (tp * weight + tc) + 1e-9)
-        out += (
-            (b"x-ratelimit-limit-tokens", b"%d" % tpm),
-            (b"x-ratelimit-remaining-tokens", b"%d" % (left if left > 0 else 0)),
-            (b"x-ratelimit-reset-tokens", reset),
-        )
+        out.append((b"x-ratelimit-limit-tokens", b"%d" % tpm))
+        out.append((b"x-ratelimit-remaining-tokens", _remaining(tpm, tp * weight + tc)))
+        out.append((b"x-ratelimit-reset-tokens", reset))
     return out
+
+
+def _remaining(limit: int, used: float) -> bytes:
+    return b"%d" % max(0, math.floor(limit - used + 1e-9))
+
+
+def _reset_seconds(current: int, previous: int, into: float) -> float:
+    if current > 0:
+        return 2 * WINDOW - into
+    if previous > 0:
+        return WINDOW - into
+    return 0.0
 
 
 def format_duration(seconds: float) -> str:

@@ -70,7 +70,7 @@ class _Protocol(asyncio.Protocol):
             future.set_result([])
             return future
         self.batches.append(_Batch(future, len(commands)))
-        pack = self.pack  # its stub types a 1-tuple; it takes any length
+        pack = self.pack  # its type hints say a 1-tuple; it takes any length
         packed = [pack(tuple(command)) for command in commands]  # type: ignore[arg-type]
         self.transport.write(b"".join(packed))
         return future

@@ -118,7 +118,7 @@ def _insert_events_sql(rows: int, numbered: bool, returning: bool = True) -> str
     """One multi-row INSERT of `rows` events that skips ids already there and returns the
     ids it inserted (unless not `returning`). Written out rather than built by SQLAlchemy,
     which spent ~8 us a row on bind processing: the values go to the driver as they are.
-    `numbered`: $1, $2 placeholders (asyncpg) instead of ? (sqlite3)."""
+    `numbered`: $1, $2 parameters (asyncpg) instead of ? (sqlite3)."""
     width = len(_EVENT_COLUMNS)
     if numbered:
         groups = (
