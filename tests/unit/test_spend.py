@@ -194,6 +194,11 @@ def test_period_of_is_utc() -> None:
     assert period_of("total", now) == "total"
     with pytest.raises(ValueError):
         period_of("week", now)
+    midnight = 1706745600.0  # 2024-02-01 00:00 UTC: the last instant before it is January
+    assert period_of("day", midnight - 0.001) == "2024-01-31"
+    assert period_of("month", midnight - 0.001) == "2024-01"
+    assert period_of("day", midnight) == "2024-02-01"
+    assert period_of("month", midnight) == "2024-02"
 
 
 # -- batching --------------------------------------------------------------------------

@@ -162,10 +162,17 @@ def period_of(budget_period: str, now: float) -> str:
     """The period bucket a spend at wall-clock `now` falls in (UTC)."""
     if budget_period == "total":
         return "total"
+    # Asked twice a request; a UTC day is 86,400 s of POSIX time, so the day decides.
+    return _period_of_day(budget_period, int(now // 86_400))
+
+
+@functools.lru_cache(maxsize=8)
+def _period_of_day(budget_period: str, day: int) -> str:
+    when = time.gmtime(day * 86_400)
     if budget_period == "day":
-        return time.strftime("%Y-%m-%d", time.gmtime(now))
+        return time.strftime("%Y-%m-%d", when)
     if budget_period == "month":
-        return time.strftime("%Y-%m", time.gmtime(now))
+        return time.strftime("%Y-%m", when)
     raise ValueError(f"unknown budget period {budget_period!r} (expected one of {PERIODS})")
 
 
