@@ -62,8 +62,7 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.routing.breaker import BreakerState
@@ -199,9 +198,9 @@ _ACQUIRE_SHA: Final = hashlib.sha1(ACQUIRE_LUA.encode()).hexdigest()
 _RELEASE_SHA: Final = hashlib.sha1(RELEASE_LUA.encode()).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """A key's limits; None is not enforced, 0 refuses everything."""
+class Limits(NamedTuple):
+    """A key's limits; None is not enforced, 0 refuses everything. A tuple: one is made
+    for every limited request, at half the cost of a frozen dataclass."""
 
     key_id: str
     rpm: int | None
