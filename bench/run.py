@@ -105,6 +105,8 @@ def start_targets(
             target = tg.ballast(procs, workdir, upstream)
         elif name == "ballast-2w":
             target = tg.ballast(procs, workdir, upstream, name=name, workers=2)
+        elif name == "ballast-granian":
+            target = tg.ballast_granian(procs, workdir, upstream)
         elif name == "ballast+keys":
             target = tg.ballast_with_keys(procs, workdir, upstream, name, None)
         elif name == "ballast+keys+redis":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -29,6 +31,7 @@ ALL_TARGETS = (
     "ballast+keys",
     "ballast+keys+redis",
     "ballast-2w",
+    "ballast-granian",
     "litellm",
 )
 # The keys+limits+spend variants: a virtual key whose limits are far above what the bench
@@ -229,6 +232,42 @@ def ballast(
         note=f"{workers} worker(s), log level warning if supported"
         + (", with --ballast-config-extra" if extra else ""),
         key=key,
+    )
+
+
+def ballast_granian(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
+    """Ballast's ASGI app served by granian (a Rust HTTP server) instead of uvicorn, one
+    worker: the other server worth trying. For comparison only: Ballast ships on uvicorn,
+    whose protocol carries its header-time and header-size guards."""
+    name = "ballast-granian"
+    if importlib.util.find_spec("granian") is None:
+        return Target(name, unavailable="granian is not installed (pip install granian)")
+    port = free_port()
+    conf = workdir / f"{name}.yaml"
+    conf.write_text(yaml.safe_dump(ballast_config(port, upstream, None), sort_keys=False))
+    log = workdir / f"{name}.log"
+    cmd = [sys.executable, "-m", "granian", "--interface", "asgi", "--loop", "uvloop"]
+    cmd += ["--http", "1", "--no-ws", "--workers", "1", "--log-level", "warning"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--factory", "ballast.app:app_from_env"]
+    env = {**_ballast_env(), "BALLAST_CONFIG": str(conf)}
+    proc = procs.start(cmd, log, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base + "/health", proc, 60, log)
+    except RuntimeError as exc:
+        procs.stop(proc)
+        return Target(name, unavailable=f"did not start: {_first_line(exc)}")
+    problem = _smoke(base + nginx.NON_STREAM_PATH)
+    if problem:
+        procs.stop(proc)
+        return Target(name, unavailable=f"smoke request failed: {problem}")
+    version = importlib.metadata.version("granian")
+    return Target(
+        name,
+        url=base + nginx.NON_STREAM_PATH,
+        stream_url=base + nginx.NON_STREAM_PATH,
+        pid=proc.pid,
+        note=f"Ballast's app under granian {version} (ASGI, uvloop), 1 worker",
     )
 
 
