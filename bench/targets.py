@@ -213,10 +213,30 @@ def ballast(
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
     if "--log-level" in _serve_help().stdout:
         cmd += ["--log-level", "warning"]  # as quiet as the others: no per-request lines
-    proc = procs.start(cmd, log, env=_ballast_env())
+    note = f"{workers} worker(s), log level warning if supported"
+    note += ", with --ballast-config-extra" if extra else ""
+    return _serve(procs, name, cmd, log, _ballast_env(), port, note, key=key)
+
+
+def _serve(
+    procs: ProcessGroup,
+    name: str,
+    cmd: list[str],
+    log: Path,
+    env: dict[str, str],
+    port: int,
+    note: str,
+    *,
+    key: str = "sk-bench",
+    health: str = "/health",
+    ready_within: float = 60.0,
+) -> Target:
+    """Start a gateway, wait for its health check and one real completion through it; a
+    gateway that fails either is stopped and reported unavailable with the reason."""
+    proc = procs.start(cmd, log, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(base + "/health", proc, 60, log)
+        wait_ready(base + health, proc, ready_within, log)
     except RuntimeError as exc:
         procs.stop(proc)
         return Target(name, unavailable=f"did not start: {_first_line(exc)}")
@@ -224,15 +244,8 @@ def ballast(
     if problem:
         procs.stop(proc)
         return Target(name, unavailable=f"smoke request failed: {problem}")
-    return Target(
-        name,
-        url=base + nginx.NON_STREAM_PATH,
-        stream_url=base + nginx.NON_STREAM_PATH,
-        pid=proc.pid,
-        note=f"{workers} worker(s), log level warning if supported"
-        + (", with --ballast-config-extra" if extra else ""),
-        key=key,
-    )
+    url = base + nginx.NON_STREAM_PATH
+    return Target(name, url=url, stream_url=url, pid=proc.pid, note=note, key=key)
 
 
 def ballast_granian(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
@@ -250,25 +263,9 @@ def ballast_granian(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> T
     cmd += ["--http", "1", "--no-ws", "--workers", "1", "--log-level", "warning"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--factory", "ballast.app:app_from_env"]
     env = {**_ballast_env(), "BALLAST_CONFIG": str(conf)}
-    proc = procs.start(cmd, log, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(base + "/health", proc, 60, log)
-    except RuntimeError as exc:
-        procs.stop(proc)
-        return Target(name, unavailable=f"did not start: {_first_line(exc)}")
-    problem = _smoke(base + nginx.NON_STREAM_PATH)
-    if problem:
-        procs.stop(proc)
-        return Target(name, unavailable=f"smoke request failed: {problem}")
     version = importlib.metadata.version("granian")
-    return Target(
-        name,
-        url=base + nginx.NON_STREAM_PATH,
-        stream_url=base + nginx.NON_STREAM_PATH,
-        pid=proc.pid,
-        note=f"Ballast's app under granian {version} (ASGI, uvloop), 1 worker",
-    )
+    note = f"Ballast's app under granian {version} (ASGI, uvloop), 1 worker"
+    return _serve(procs, name, cmd, log, env, port, note)
 
 
 def keys_config(workdir: Path, slug: str, redis_url: str | None) -> dict[str, Any]:
@@ -442,21 +439,7 @@ def litellm(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
         "LITELLM_TELEMETRY": "False",
         "DISABLE_SCHEMA_UPDATE": "True",
     }
-    proc = procs.start(cmd, log, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(base + "/health/liveliness", proc, 180, log)
-    except RuntimeError as exc:
-        procs.stop(proc)
-        return Target("litellm", unavailable=f"did not start: {_first_line(exc)}")
-    problem = _smoke(base + nginx.NON_STREAM_PATH)
-    if problem:
-        procs.stop(proc)
-        return Target("litellm", unavailable=f"smoke request failed: {problem}")
-    return Target(
-        "litellm",
-        url=base + nginx.NON_STREAM_PATH,
-        stream_url=base + nginx.NON_STREAM_PATH,
-        pid=proc.pid,
-        note=f"LiteLLM proxy {version}, 1 worker, no DB, master key auth",
+    note = f"LiteLLM proxy {version}, 1 worker, no DB, master key auth"
+    return _serve(
+        procs, "litellm", cmd, log, env, port, note, health="/health/liveliness", ready_within=180
     )
