@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from ballast.api.asgi import Message, Send
-from ballast.observe.logs import log_event, log_request
+from ballast.observe.logs import access_logged, log_event, log_request
 from ballast.observe.metrics import Metrics
 
 # Events worth a log line and a place on the dashboard; "retry" is only counted.
@@ -170,17 +170,18 @@ class Observer:
         self.metrics.request(model, deployment, status, outcome, latency, ttft, attempts)
         if deployment != "none":
             self.traffic.add(deployment)
-        log_request(
-            {
-                "request_id": trace.request_id,
-                "path": path,
-                "model": model,
-                "deployment": deployment,
-                "stream": stream,
-                "status": status,
-                "outcome": outcome,
-                "latency_ms": round(latency * 1000, 2),
-                "ttft_ms": round(ttft * 1000, 2) if ttft is not None else None,
-                "attempts": attempts,
-            }
-        )
+        if access_logged():
+            log_request(
+                {
+                    "request_id": trace.request_id,
+                    "path": path,
+                    "model": model,
+                    "deployment": deployment,
+                    "stream": stream,
+                    "status": status,
+                    "outcome": outcome,
+                    "latency_ms": round(latency * 1000, 2),
+                    "ttft_ms": round(ttft * 1000, 2) if ttft is not None else None,
+                    "attempts": attempts,
+                }
+            )

@@ -123,6 +123,11 @@ def _stop() -> None:
 atexit.register(_stop)
 
 
+def access_logged() -> bool:
+    """Whether request lines are written: callers build one only then."""
+    return ACCESS.isEnabledFor(logging.INFO)
+
+
 def log_request(fields: dict[str, Any]) -> None:
     # A record built directly: `Logger.info` would also walk the stack to find the caller.
     if ACCESS.isEnabledFor(logging.INFO):
