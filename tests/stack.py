@@ -7,8 +7,9 @@ import asyncio
 import json
 import socket
 import threading
+import time
 import urllib.request
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import uvicorn
@@ -153,3 +154,11 @@ def _http(method: str, url: str, body: Any = None) -> Any:
     with urllib.request.urlopen(request, timeout=10) as response:
         raw = response.read()
     return json.loads(raw) if raw else None
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
+    """Poll `predicate` until it holds: for state a server settles after its last byte."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

@@ -28,7 +28,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ballast.observe.logs import JsonFormatter, TextFormatter
-from tests.stack import Gateway, Stack, deployment, group
+from tests.stack import Gateway, Stack, deployment, group, wait_for
 
 MASTER = "bk-master-observe-0123456789"
 DASHBOARD = "dash-read-only-token-4567"
@@ -372,13 +372,6 @@ class Load:
     def count(self) -> int:
         with self._lock:
             return self.ok + len(self.failures)
-
-
-def wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_reload_adds_a_deployment_without_a_failed_request_and_refuses_a_broken_config(
