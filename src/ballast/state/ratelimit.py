@@ -56,6 +56,7 @@ request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import logging
@@ -383,8 +384,11 @@ class RateLimiter:
         return max(1, -(-limit // self._instances))
 
     def _acquire_local(self, limits: Limits, cost: int) -> Lease:
-        rpm, tpm = self._share(limits.rpm), self._share(limits.tpm)
-        par = self._share(limits.max_parallel)
+        if self._instances == 1:
+            rpm, tpm, par = limits.rpm, limits.tpm, limits.max_parallel
+        else:
+            rpm, tpm = self._share(limits.rpm), self._share(limits.tpm)
+            par = self._share(limits.max_parallel)
         now = self._clock.monotonic()
         window = int(now // WINDOW)
         into = now - window * WINDOW
@@ -651,22 +655,28 @@ def _headers(
     reset = b""
     if rpm is not None:
         seconds = _reset_seconds(rc, rp, into)
-        reset = format_duration(seconds).encode()
+        reset = _duration_bytes(math.ceil(seconds * 1000 - 1e-6))
+        left = rpm - (rp * weight + rc) + 1e-9
         out.append((b"x-ratelimit-limit-requests", b"%d" % rpm))
-        out.append((b"x-ratelimit-remaining-requests", _remaining(rpm, rp * weight + rc)))
+        out.append((b"x-ratelimit-remaining-requests", b"%d" % math.floor(left if left > 0 else 0)))
         out.append((b"x-ratelimit-reset-requests", reset))
     if tpm is not None:
         token_seconds = _reset_seconds(tc, tp, into)
         if token_seconds != seconds:
-            reset = format_duration(token_seconds).encode()
+            reset = _duration_bytes(math.ceil(token_seconds * 1000 - 1e-6))
+        left = tpm - (tp * weight + tc) + 1e-9
         out.append((b"x-ratelimit-limit-tokens", b"%d" % tpm))
-        out.append((b"x-ratelimit-remaining-tokens", _remaining(tpm, tp * weight + tc)))
+        out.append((b"x-ratelimit-remaining-tokens", b"%d" % math.floor(left if left > 0 else 0)))
         out.append((b"x-ratelimit-reset-tokens", reset))
     return out
 
 
-def _remaining(limit: int, used: float) -> bytes:
-    return b"%d" % max(0, math.floor(limit - used + 1e-9))
+@functools.lru_cache(maxsize=1024)
+def _duration_bytes(ms: int) -> bytes:
+    """A reset header's value for a whole number of milliseconds. Cached: at thousands of
+    requests a second, several in a row share their millisecond (and a window's resets
+    repeat), so most are a lookup rather than a float formatted and trimmed."""
+    return _format_ms(ms).encode()
 
 
 def _reset_seconds(current: int, previous: int, into: float) -> float:
@@ -679,7 +689,10 @@ def _reset_seconds(current: int, previous: int, into: float) -> float:
 
 def format_duration(seconds: float) -> str:
     """OpenAI's (Go-style) durations: "0s", "250ms", "1.5s", "1m30s", "2m0s"."""
-    ms = math.ceil(seconds * 1000 - 1e-6)
+    return _format_ms(math.ceil(seconds * 1000 - 1e-6))
+
+
+def _format_ms(ms: int) -> str:
     if ms <= 0:
         return "0s"
     if ms < 1000:

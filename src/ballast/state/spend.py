@@ -382,7 +382,7 @@ class SpendRecorder:
                 return
             self.db_attempts += 1
             try:
-                inserted = await self._insert(replay, batch)
+                added = await self._insert(replay, batch)
             except Exception as exc:
                 self._on_failure(exc, len(replay), len(batch))
                 await self._spill_inflight()
@@ -398,17 +398,16 @@ class SpendRecorder:
                 log.warning("spend: database back after %d failed flushes", self.failures)
             self.failures = 0
             self.retry_at = 0.0
-            deltas: dict[_KeyPeriod, float] = {}
-            for event in inserted:
-                _add(deltas, event)
-                _add(self._committed, event)
-            await self._add_to_counters(deltas)
+            committed = self._committed
+            for kp, cost in added.items():
+                committed[kp] = committed.get(kp, 0.0) + cost
+            await self._add_to_counters(added)
 
     async def _insert(
         self, checked: Sequence[SpendEvent], fresh: Sequence[SpendEvent]
-    ) -> list[SpendEvent]:
+    ) -> dict[_KeyPeriod, float]:
         """Write the events, and add the ones actually inserted to their key's totals, in
-        one transaction; return the inserted ones.
+        one transaction; return what was added to each (key, period).
 
         `checked` (a journal's replay) may well be in the database already: a multi-row
         INSERT returns the ids it added. `fresh` (the buffer) almost never is: on SQLite the
@@ -430,7 +429,7 @@ class SpendRecorder:
 
     async def _write(
         self, checked: Sequence[SpendEvent], fresh: Sequence[SpendEvent]
-    ) -> list[SpendEvent]:
+    ) -> dict[_KeyPeriod, float]:
         unique = {event.id: event for event in checked}
         # The dialect's own insert (for the totals), imported when first used: each process
         # loads one.
@@ -457,7 +456,8 @@ class SpendRecorder:
             inserted.extend(fresh)
             deltas: dict[_KeyPeriod, float] = {}
             for event in inserted:
-                _add(deltas, event)
+                kp = (event.key_id, event.period)
+                deltas[kp] = deltas.get(kp, 0.0) + event.cost
             if deltas:
                 add_totals = insert(spend_totals)
                 add_totals = add_totals.on_conflict_do_update(
@@ -468,7 +468,7 @@ class SpendRecorder:
                     add_totals,
                     [{"key_id": k, "period": p, "cost": c} for (k, p), c in deltas.items()],
                 )
-        return inserted
+        return deltas
 
     def _on_failure(self, exc: BaseException, replayed: int, batch: int) -> None:
         self.failures += 1
