@@ -7,6 +7,7 @@ import asyncio
 import hmac
 import itertools
 import logging
+import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -39,8 +40,10 @@ def invalid_key(message: str = "Incorrect API key provided.") -> ApiError:
     return ApiError(401, message, "invalid_request_error", "invalid_api_key")
 
 
-def bearer(scope: Scope) -> str | None:
-    value = header(scope, b"authorization")
+def bearer(scope: Scope, authorization: bytes | None = None) -> str | None:
+    """The key a request carries: `Authorization: Bearer <key>`, else an `api-key` header.
+    `authorization`: that header's value when the caller has read it already."""
+    value = authorization if authorization is not None else header(scope, b"authorization")
     if value is None:
         value = header(scope, b"api-key")
         return value.decode("latin-1").strip() if value else None
@@ -48,6 +51,26 @@ def bearer(scope: Scope) -> str | None:
     if text[:7].lower() != "bearer ":
         return None
     return text[7:].strip() or None
+
+
+MAX_TOKEN_COUNT = 2**31 - 1  # the spend table's INTEGER columns (PostgreSQL's int4)
+
+
+def token_counts(usage: Any) -> tuple[int, int]:
+    """(prompt, completion) tokens from the usage an upstream reported. Anything that is not
+    a sane count is 0, and counts are capped at what the spend table stores: an upstream's
+    garbage must not fail an answered request, nor a spend batch (and its replays) for good."""
+    if not isinstance(usage, dict):
+        return 0, 0
+    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+
+
+def _count(value: Any) -> int:
+    if type(value) is int:  # bool is not int here
+        return value if 0 < value <= MAX_TOKEN_COUNT else MAX_TOKEN_COUNT if value > 0 else 0
+    if type(value) is float and value > 0 and math.isfinite(value):
+        return int(value) if value <= MAX_TOKEN_COUNT else MAX_TOKEN_COUNT
+    return 0
 
 
 def estimate_tokens(request: ProxyRequest) -> int:
@@ -100,8 +123,8 @@ class Access:
             and hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self._master)
         )
 
-    async def authenticate(self, scope: Scope) -> KeyRecord:
-        token = bearer(scope)
+    async def authenticate(self, scope: Scope, authorization: bytes | None = None) -> KeyRecord:
+        token = bearer(scope, authorization)
         if token is None:
             raise invalid_key("You didn't provide an API key (Authorization: Bearer <key>).")
         if self.is_master(token):
@@ -126,7 +149,7 @@ class Access:
         """Checks before routing; None when Ballast runs open."""
         if not self.enabled:
             return None
-        key = await self.authenticate(scope)
+        key = await self.authenticate(scope, request.authorization)
         if not key.allows(request.model):
             raise ApiError(
                 403,
@@ -206,10 +229,7 @@ class Access:
         """After the answer: reconcile the token estimate and record spend (off the path)."""
         if ticket is None:
             return
-        prompt = completion = 0
-        if isinstance(usage, dict):
-            prompt = int(usage.get("prompt_tokens") or 0)
-            completion = int(usage.get("completion_tokens") or 0)
+        prompt, completion = token_counts(usage)
         if ticket.lease is not None:
             # A cached answer used no upstream tokens: it does not count against TPM.
             self.limiter.release_soon(

@@ -1,0 +1,76 @@
+"""Settling an answered request with whatever usage the upstream reported: garbage counts
+must neither fail the request nor poison the spend batch (a count the database cannot store
+would fail every flush of that batch, and every replay of its journal)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from ballast.api.access import Access, Ticket, token_counts
+from ballast.config import Settings
+from ballast.state.db import Database
+from ballast.state.keys import KeyRecord, KeyService
+from ballast.state.ratelimit import RateLimiter
+from ballast.state.schema import spend_events
+from ballast.state.spend import SpendRecorder
+
+MAX_COUNT = 2**31 - 1  # PostgreSQL's INTEGER
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        ({"prompt_tokens": 12, "completion_tokens": 5}, (12, 5)),
+        ({"prompt_tokens": 12.0, "completion_tokens": None}, (12, 0)),
+        ({"prompt_tokens": "12", "completion_tokens": "many"}, (0, 0)),
+        ({"prompt_tokens": -3, "completion_tokens": True}, (0, 0)),
+        ({"prompt_tokens": float("inf"), "completion_tokens": float("nan")}, (0, 0)),
+        ({"prompt_tokens": [1], "completion_tokens": {"n": 1}}, (0, 0)),
+        ({"prompt_tokens": 10**30, "completion_tokens": 1e300}, (MAX_COUNT, MAX_COUNT)),
+        ({}, (0, 0)),
+        ("usage", (0, 0)),
+        (None, (0, 0)),
+    ],
+)
+def test_token_counts_take_only_sane_numbers(usage: Any, expected: tuple[int, int]) -> None:
+    assert token_counts(usage) == expected
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    database = Database(f"sqlite+aiosqlite:///{tmp_path / 'ballast.db'}")
+    await database.upgrade()
+    yield database
+    await database.close()
+
+
+async def test_garbage_usage_is_settled_and_flushed(db: Database, tmp_path: Path) -> None:
+    settings = Settings.model_validate(
+        {
+            "server": {"master_key": "sk-master-0123456789"},
+            "prices": {"m": {"input": 1.0}},
+            "models": [{"name": "m", "deployments": [{"id": "a", "url": "http://127.0.0.1:9"}]}],
+        }
+    )
+    spend = SpendRecorder(db, None, str(tmp_path / "spend.journal"))
+    access = Access(settings, KeyService(db), RateLimiter(None), spend)
+    key = KeyRecord(id="k1", name="test", tpm=1000)
+    for usage in (
+        {"prompt_tokens": "lots", "completion_tokens": [2]},
+        {"prompt_tokens": 10**30, "completion_tokens": float("nan")},
+    ):
+        access.settle(Ticket(key, None, 0), "m", usage, None)
+    await spend.flush()
+    assert spend.pending_events == 0  # written, not stuck in memory or a journal
+    async with db.connect() as connection:
+        rows = (
+            await connection.execute(
+                sa.select(spend_events.c.prompt_tokens, spend_events.c.completion_tokens)
+            )
+        ).all()
+    assert sorted(tuple(row) for row in rows) == [(0, 0), (MAX_COUNT, 0)]
