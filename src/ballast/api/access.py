@@ -66,10 +66,10 @@ def token_counts(usage: Any) -> tuple[int, int]:
 
 
 def _count(value: Any) -> int:
-    if type(value) is int:  # bool is not int here
-        return value if 0 < value <= MAX_TOKEN_COUNT else MAX_TOKEN_COUNT if value > 0 else 0
+    if type(value) is int:  # not a bool
+        return min(value, MAX_TOKEN_COUNT) if value > 0 else 0
     if type(value) is float and value > 0 and math.isfinite(value):
-        return int(value) if value <= MAX_TOKEN_COUNT else MAX_TOKEN_COUNT
+        return int(min(value, MAX_TOKEN_COUNT))
     return 0
 
 
