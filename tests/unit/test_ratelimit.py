@@ -11,7 +11,7 @@ from ballast.state.ratelimit import (
     Limits,
     RateLimited,
     RateLimiter,
-    format_duration,
+    reset_header,
 )
 from ballast.state.store import RedisStore
 
@@ -265,7 +265,7 @@ async def test_refusal_carries_headers_with_nothing_remaining() -> None:
      (120, "2m0s"), (61.25, "1m1.25s")],
 )  # fmt: skip
 def test_durations_look_like_openais(seconds: float, text: str) -> None:
-    assert format_duration(seconds) == text
+    assert reset_header(seconds) == text.encode()
 
 
 # -- no limits, and a Redis that cannot answer -------------------------------------------

@@ -655,7 +655,7 @@ def _headers(
     reset = b""
     if rpm is not None:
         seconds = _reset_seconds(rc, rp, into)
-        reset = _duration_bytes(math.ceil(seconds * 1000 - 1e-6))
+        reset = reset_header(seconds)
         left = rpm - (rp * weight + rc) + 1e-9
         out.append((b"x-ratelimit-limit-requests", b"%d" % rpm))
         out.append((b"x-ratelimit-remaining-requests", b"%d" % math.floor(left if left > 0 else 0)))
@@ -663,20 +663,12 @@ def _headers(
     if tpm is not None:
         token_seconds = _reset_seconds(tc, tp, into)
         if token_seconds != seconds:
-            reset = _duration_bytes(math.ceil(token_seconds * 1000 - 1e-6))
+            reset = reset_header(token_seconds)
         left = tpm - (tp * weight + tc) + 1e-9
         out.append((b"x-ratelimit-limit-tokens", b"%d" % tpm))
         out.append((b"x-ratelimit-remaining-tokens", b"%d" % math.floor(left if left > 0 else 0)))
         out.append((b"x-ratelimit-reset-tokens", reset))
     return out
-
-
-@functools.lru_cache(maxsize=1024)
-def _duration_bytes(ms: int) -> bytes:
-    """A reset header's value for a whole number of milliseconds. Cached: at thousands of
-    requests a second, several in a row share their millisecond (and a window's resets
-    repeat), so most are a lookup rather than a float formatted and trimmed."""
-    return _format_ms(ms).encode()
 
 
 def _reset_seconds(current: int, previous: int, into: float) -> float:
@@ -687,18 +679,23 @@ def _reset_seconds(current: int, previous: int, into: float) -> float:
     return 0.0
 
 
-def format_duration(seconds: float) -> str:
-    """OpenAI's (Go-style) durations: "0s", "250ms", "1.5s", "1m30s", "2m0s"."""
-    return _format_ms(math.ceil(seconds * 1000 - 1e-6))
+def reset_header(seconds: float) -> bytes:
+    """A reset header's value: OpenAI's (Go-style) durations, "0s", "250ms", "1.5s",
+    "1m30s", "2m0s", rounded up to the millisecond."""
+    return _duration(math.ceil(seconds * 1000 - 1e-6))
 
 
-def _format_ms(ms: int) -> str:
+@functools.lru_cache(maxsize=1024)
+def _duration(ms: int) -> bytes:
+    """Cached: at thousands of requests a second, several in a row share their millisecond
+    (and a window's resets repeat), so most are a lookup rather than a float formatted and
+    trimmed."""
     if ms <= 0:
-        return "0s"
+        return b"0s"
     if ms < 1000:
-        return f"{ms}ms"
+        return b"%dms" % ms
     if ms < 60_000:
-        return f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+        return f"{ms / 1000:.3f}".rstrip("0").rstrip(".").encode() + b"s"
     minutes, rest = divmod(ms, 60_000)
     secs = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
-    return f"{minutes}m{secs}s"
+    return f"{minutes}m{secs}s".encode()

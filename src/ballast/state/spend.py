@@ -416,10 +416,9 @@ class SpendRecorder:
         once a chunk, not once a row: per-row steps (executemany, or RETURNING) hand the
         lock back and forth with the event loop's thread for every row. Flushing that way
         cost a fully loaded loop 20-30 us a request in wall time; in chunks, 5-12. If an id
-        was there (a
-        retry after a commit whose answer was lost), the transaction is rolled back and
-        every event checked. PostgreSQL's driver reports no such count: there all are
-        checked."""
+        was there (a retry after a commit whose answer was lost), the transaction is rolled
+        back and every event checked. PostgreSQL's driver reports no such count: there all
+        are checked."""
         if fresh and self.db.is_sqlite:
             try:
                 return await self._write(checked, fresh)
@@ -456,8 +455,7 @@ class SpendRecorder:
             inserted.extend(fresh)
             deltas: dict[_KeyPeriod, float] = {}
             for event in inserted:
-                kp = (event.key_id, event.period)
-                deltas[kp] = deltas.get(kp, 0.0) + event.cost
+                _add(deltas, event)
             if deltas:
                 add_totals = insert(spend_totals)
                 add_totals = add_totals.on_conflict_do_update(
