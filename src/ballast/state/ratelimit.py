@@ -656,19 +656,21 @@ def _headers(
     if rpm is not None:
         seconds = _reset_seconds(rc, rp, into)
         reset = reset_header(seconds)
-        left = rpm - (rp * weight + rc) + 1e-9
         out.append((b"x-ratelimit-limit-requests", b"%d" % rpm))
-        out.append((b"x-ratelimit-remaining-requests", b"%d" % math.floor(left if left > 0 else 0)))
+        out.append((b"x-ratelimit-remaining-requests", _remaining(rpm, rp * weight + rc)))
         out.append((b"x-ratelimit-reset-requests", reset))
     if tpm is not None:
         token_seconds = _reset_seconds(tc, tp, into)
         if token_seconds != seconds:
             reset = reset_header(token_seconds)
-        left = tpm - (tp * weight + tc) + 1e-9
         out.append((b"x-ratelimit-limit-tokens", b"%d" % tpm))
-        out.append((b"x-ratelimit-remaining-tokens", b"%d" % math.floor(left if left > 0 else 0)))
+        out.append((b"x-ratelimit-remaining-tokens", _remaining(tpm, tp * weight + tc)))
         out.append((b"x-ratelimit-reset-tokens", reset))
     return out
+
+
+def _remaining(limit: int, used: float) -> bytes:
+    return b"%d" % max(0, math.floor(limit - used + 1e-9))
 
 
 def _reset_seconds(current: int, previous: int, into: float) -> float:

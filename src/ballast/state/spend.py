@@ -135,6 +135,18 @@ def _insert_events_sql(rows: int, numbered: bool, returning: bool = True) -> str
     )
 
 
+async def _insert_chunks(
+    connection: Any, events: list[SpendEvent], numbered: bool, returning: bool = True
+) -> list[Any]:
+    """The events as multi-row INSERTs of the fixed chunk sizes; each statement's result."""
+    results = []
+    for chunk in _fixed_chunks(events):
+        sql = _insert_events_sql(len(chunk), numbered, returning)
+        values = tuple(itertools.chain.from_iterable(chunk))
+        results.append(await connection.exec_driver_sql(sql, values))
+    return results
+
+
 class _AlreadyThere(Exception):
     """A fresh event's id was in the database after all (recorded twice)."""
 
@@ -439,18 +451,10 @@ class SpendRecorder:
         numbered = not self.db.is_sqlite
         async with self.db.begin() as connection:
             inserted: list[SpendEvent] = []
-            for chunk in _fixed_chunks(list(unique.values())):
-                values = tuple(itertools.chain.from_iterable(chunk))
-                sql = _insert_events_sql(len(chunk), numbered)
-                result = await connection.exec_driver_sql(sql, values)
+            for result in await _insert_chunks(connection, list(unique.values()), numbered):
                 inserted.extend(unique[row[0]] for row in result.fetchall())
-            added = 0
-            for chunk in _fixed_chunks(list(fresh)):
-                sql = _insert_events_sql(len(chunk), numbered, returning=False)
-                values = tuple(itertools.chain.from_iterable(chunk))
-                result = await connection.exec_driver_sql(sql, values)
-                added += result.rowcount
-            if added != len(fresh):
+            results = await _insert_chunks(connection, list(fresh), numbered, returning=False)
+            if sum(result.rowcount for result in results) != len(fresh):
                 raise _AlreadyThere
             inserted.extend(fresh)
             deltas: dict[_KeyPeriod, float] = {}
