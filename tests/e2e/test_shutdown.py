@@ -3,6 +3,7 @@ after `kill -9` the loss is bounded by the flush interval."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -105,8 +106,8 @@ def run_load(url: str, key: str, stop: threading.Event) -> list[tuple[float, int
         while not stop.is_set():
             try:
                 status, reply = call(url + "/v1/chat/completions", body, key)
-            except (OSError, urllib.error.URLError):
-                return
+            except (OSError, urllib.error.URLError, http.client.HTTPException):
+                return  # the gateway went away, possibly mid-answer (the kill variant)
             if status == 200:
                 usage = reply["usage"]
                 with lock:
