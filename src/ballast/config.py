@@ -50,6 +50,9 @@ class TimeoutOverrides(_Strict):
         return base.model_copy(update=overrides) if overrides else base
 
 
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
 class Deployment(_Strict):
     id: str = Field(min_length=1)
     url: str
@@ -68,6 +71,16 @@ class Deployment(_Strict):
         if not re.match(r"^https?://[^/\s:]+(:\d+)?(/\S*)?$", value):
             raise ValueError("not a URL")
         return value.rstrip("/")
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not _TOKEN.match(name):
+                raise ValueError(f"header name {name!r} is not an HTTP token")
+            if any(c in text for c in "\r\n\0"):
+                raise ValueError(f"header {name!r} has a line break in its value")
+        return value
 
 
 class CacheSettings(_Strict):

@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from typing import Any, NamedTuple
 
-import aiohttp
 import orjson
-from multidict import CIMultiDict
 
 from ballast import __version__
 from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.routing import classify
 from ballast.routing.classify import Failure
+from ballast.upstream import http1
+from ballast.upstream.http1 import Pool, Response, default_tls_context, header_lines, split_url
 
 log = logging.getLogger("ballast.upstream")
 
 USER_AGENT = f"ballast/{__version__}"
 
-# Response headers that describe one hop, or that no longer hold once aiohttp decoded the body.
+# Response headers that describe one hop, or that no longer hold once the body is decoded.
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -55,7 +54,7 @@ def _relayed_name(name: bytes) -> bytes | None:
     return keep
 
 
-def relay_headers(response: aiohttp.ClientResponse) -> tuple[tuple[bytes, bytes], ...]:
+def relay_headers(response: Response) -> tuple[tuple[bytes, bytes], ...]:
     """Upstream headers a client may see."""
     out = []
     cache = _RELAYED
@@ -74,7 +73,7 @@ class Route(NamedTuple):
 
 
 class Upstream:
-    """One deployment's pooled session and the fixed parts of every request to it."""
+    """One deployment's connection pool and the fixed parts of every request to it."""
 
     def __init__(
         self, deployment: Deployment, timeouts: Timeouts, settings: UpstreamSettings
@@ -84,110 +83,154 @@ class Upstream:
         self.timeouts = timeouts
         self.base_url = deployment.url
         self._settings = settings
-        # A user-agent of our own also keeps aiohttp off its slow path for skipped headers.
         headers = {
             "content-type": "application/json",
             "accept": "application/json",
+            "accept-encoding": "identity",
             "user-agent": USER_AGENT,
         }
+        auth: dict[str, str] = {}
         if deployment.api_key is not None:
-            headers["authorization"] = f"Bearer {deployment.api_key.get_secret_value()}"
-        headers.update(deployment.headers)
-        self._headers = headers
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=timeouts.pool + timeouts.connect, sock_connect=timeouts.connect
-        )
-        self._session: aiohttp.ClientSession | None = None
+            auth["authorization"] = f"Bearer {deployment.api_key.get_secret_value()}"
+        for name, value in deployment.headers.items():
+            # A configured header replaces ours of the same name, whatever its spelling.
+            lowered = name.lower()
+            headers = {k: v for k, v in headers.items() if k != lowered}
+            if lowered == "authorization":
+                auth = {lowered: value}
+            else:
+                headers[lowered] = value
+        # Every request's fixed header lines, written once: with the deployment's credential,
+        # and without it for a route that brings its own.
+        self._fixed_lines = header_lines(headers)
+        self._auth_lines = header_lines(auth)
+        self._pool: Pool | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
+        self._pool = Pool(
             limit=self.deployment.pool_size or self._settings.pool_size,
-            limit_per_host=0,
-            keepalive_timeout=self._settings.keepalive_timeout,
-            ttl_dns_cache=300,
-            family=socket.AF_UNSPEC,
+            keepalive=self._settings.keepalive_timeout,
+            connect_timeout=self.timeouts.connect,
+            pool_timeout=self.timeouts.pool,
         )
-        # The fixed headers are the session's defaults, so a request adds only its own.
-        fixed: CIMultiDict[str] = CIMultiDict()
-        for name, value in self._headers.items():
-            fixed[name] = value  # a later spelling of a name replaces an earlier one
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            headers=fixed,
-            timeout=self._timeout,
-            auto_decompress=True,
-        )
+        if self.base_url.startswith("https:"):
+            default_tls_context()  # load the trust store now, not on a request
 
     async def warm(self, count: int) -> None:
         """Open `count` keep-alive connections now so the first requests skip the handshake."""
-        if self._session is None or count <= 0:
+        if self._pool is None or count <= 0:
             return
 
         async def one() -> None:
-            assert self._session is not None
             try:
                 async with asyncio.timeout(self.timeouts.connect):
-                    async with self._session.get(self.base_url + "/models") as response:
+                    response = await self._send("GET", self.base_url + "/models", None, None)
+                    try:
                         await response.read()
-            except (aiohttp.ClientError, TimeoutError, OSError):
+                    finally:
+                        response.release()
+            except (Failure, TimeoutError):
                 log.info("could not warm a connection to deployment %s", self.id)
 
         await asyncio.gather(*(one() for _ in range(count)))
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     async def post(
         self, path: str, body: bytes, request_id: str | None = None, route: Route | None = None
-    ) -> aiohttp.ClientResponse:
+    ) -> Response:
         """Send a request and return once the response headers arrived. Errors before that are
         translated into the taxonomy here, at the adapter's edge. A `route` (a remote resource
         handle) replaces the base URL and the bearer token."""
-        session = self._session
-        if session is None:
-            raise Failure(classify.CONNECT, "deployment is not started", deployment=self.id)
-        headers: dict[str, str] | None = None
+        extra = b""
         base = self.base_url
         if route is not None:
             base = route.base_url
-            headers = {"authorization": f"Bearer {route.token}"}
+            extra = _bearer_line(route.token)
         if request_id is not None:
-            if headers is None:
-                headers = {"x-request-id": request_id}
-            else:
-                headers["x-request-id"] = request_id
+            extra += _request_id_line(request_id)
+        return await self._send("POST", base + path, body, extra, route is not None)
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        extra: bytes | None,
+        own_auth: bool = False,
+    ) -> Response:
+        pool = self._pool
+        if pool is None:
+            raise Failure(classify.CONNECT, "deployment is not started", deployment=self.id)
         try:
-            return await session.post(base + path, data=body, headers=headers)
-        except aiohttp.ConnectionTimeoutError:
+            origin, target = split_url(url)
+        except ValueError:
+            raise Failure(classify.CONNECT, "not a usable URL", deployment=self.id) from None
+        parts = [method.encode(), b" ", target, b" HTTP/1.1\r\n", origin.host_header]
+        parts.append(self._fixed_lines)
+        if not own_auth:
+            parts.append(self._auth_lines)
+        if extra:
+            parts.append(extra)
+        if body is not None:
+            parts.append(b"content-length: %d\r\n" % len(body))
+        parts.append(b"\r\n")
+        try:
+            return await pool.request(origin, b"".join(parts), body or b"")
+        except http1.ConnectTimeout:
             raise Failure(classify.CONNECT, "connect timeout", deployment=self.id) from None
-        except aiohttp.ClientConnectorError:
+        except http1.PoolTimeout:
+            raise Failure(
+                classify.CONNECT, "no free pooled connection", deployment=self.id
+            ) from None
+        except http1.ConnectFailed:
             raise Failure(classify.CONNECT, "connection refused", deployment=self.id) from None
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionError):
-            raise Failure(classify.RESET, "connection reset", deployment=self.id) from None
-        except aiohttp.ClientResponseError:
+        except http1.BadResponse:
             raise Failure(classify.BAD_RESPONSE, "malformed response", deployment=self.id) from None
-        except aiohttp.ClientError:
-            raise Failure(classify.RESET, "connection failed", deployment=self.id) from None
+        except http1.HttpError:
+            raise Failure(classify.RESET, "connection reset", deployment=self.id) from None
 
     async def call_json(self, method: str, url: str, payload: Any | None = None) -> tuple[int, Any]:
         """A small control-plane call (create or release a remote resource) on the same pool."""
-        if self._session is None:
-            raise Failure(classify.CONNECT, "deployment is not started", deployment=self.id)
         budget = self.timeouts.first_token
+        body = orjson.dumps(payload) if payload is not None else None
+        if body is None and method in ("POST", "PUT", "PATCH"):
+            body = b""
         try:
             async with asyncio.timeout(budget):
-                async with self._session.request(method, url, json=payload) as response:
+                response = await self._send(method, url, body, None)
+                try:
                     raw = await response.read()
+                finally:
+                    response.release()
         except TimeoutError:
             raise Failure(
                 classify.REQUEST_TIMEOUT, "control call timed out", deployment=self.id
             ) from None
-        except aiohttp.ClientError:
+        except http1.HttpError:
             raise Failure(classify.CONNECT, "control call failed", deployment=self.id) from None
+        except Failure as failure:
+            raise Failure(
+                classify.CONNECT, f"control call failed: {failure.message}", deployment=self.id
+            ) from None
         try:
             data = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
             data = None
         return response.status, data
+
+
+def _bearer_line(token: str) -> bytes:
+    if "\r" in token or "\n" in token:
+        raise Failure(classify.CONNECT, "a run's token is not a valid header value")
+    return b"authorization: Bearer " + token.encode("latin-1", "replace") + b"\r\n"
+
+
+def _request_id_line(request_id: str) -> bytes:
+    """The client's request id, passed on; anything that could break the framing is dropped."""
+    if "\r" in request_id or "\n" in request_id:
+        return b""
+    return b"x-request-id: " + request_id.encode("latin-1", "replace") + b"\r\n"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-import aiohttp
 import orjson
 
 from ballast.clock import Clock
@@ -14,6 +13,7 @@ from ballast.routing import classify
 from ballast.routing.budget import parse_retry_after
 from ballast.routing.classify import Failure
 from ballast.upstream.client import Route, Upstream, relay_headers
+from ballast.upstream.http1 import HttpError, Response
 from ballast.upstream.sse import DONE, SseSplitter, StreamState, event_data
 
 MAX_ERROR_BODY = 64 * 1024
@@ -122,22 +122,21 @@ class _Watchdog:
             self._handle = None
 
 
-def _retry_after(response: aiohttp.ClientResponse, clock: Clock) -> float | None:
-    value = response.headers.get("retry-after-ms")
+def _retry_after(response: Response, clock: Clock) -> float | None:
+    headers = response.headers
+    value = headers.get("retry-after-ms")
     if value is not None:
         try:
             return max(0.0, float(value) / 1000.0)
         except ValueError:
             pass
-    return parse_retry_after(response.headers.get("retry-after"), clock)
+    return parse_retry_after(headers.get("retry-after"), clock)
 
 
-async def _failure_from(
-    response: aiohttp.ClientResponse, upstream: Upstream, clock: Clock
-) -> Failure:
+async def _failure_from(response: Response, upstream: Upstream, clock: Clock) -> Failure:
     try:
-        body = await response.content.read(MAX_ERROR_BODY)
-    except (aiohttp.ClientError, OSError):
+        body = await response.read(MAX_ERROR_BODY)
+    except HttpError:
         body = b""
     finally:
         response.release()
@@ -167,13 +166,14 @@ async def fetch(
                 raise await _failure_from(response, upstream, clock)
             try:
                 data = await response.read()
-            except (aiohttp.ClientError, OSError):
-                response.close()
+            except HttpError:
                 raise Failure(
                     classify.RESET,
                     "connection lost while reading the answer",
                     deployment=upstream.id,
                 ) from None
+            finally:
+                response.release()  # to the pool when read to its end, else dropped
     except TimeoutError:
         raise Failure(
             classify.REQUEST_TIMEOUT,
@@ -203,7 +203,7 @@ class UpstreamStream:
     def __init__(
         self,
         upstream: Upstream,
-        response: aiohttp.ClientResponse,
+        response: Response,
         clock: Clock,
         watchdog: _Watchdog | None = None,
     ) -> None:
@@ -234,7 +234,7 @@ class UpstreamStream:
         when given, e.g. for the first token."""
         if self._eof:
             return []
-        content = self.response.content
+        content = self.response
         out: list[bytes] = []
         while not out:
             try:
@@ -253,7 +253,7 @@ class UpstreamStream:
                     "upstream went silent",
                     deployment=self.upstream.id,
                 ) from None
-            except (aiohttp.ClientError, OSError):
+            except HttpError:
                 raise Failure(
                     classify.STREAM_CUT,
                     "upstream connection broke mid-stream",
@@ -368,7 +368,7 @@ async def open_stream(
     if response.status >= 300:
         watchdog.close()
         raise await _failure_from(response, upstream, clock)
-    content_type = response.headers.get("content-type", "")
+    content_type = response.headers.get("content-type") or ""
     if "text/event-stream" not in content_type:
         watchdog.close()
         response.close()
