@@ -299,6 +299,22 @@ async def test_unsolicited_bytes_drop_the_idle_connection(serve) -> None:  # typ
     await p.close()
 
 
+async def test_endless_header_block_is_cut_off(serve) -> None:  # type: ignore[no-untyped-def]
+    async def endless(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _q: bytes) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(10_000):
+            writer.write(b"x-filler-%d: %s\r\n" % (i, b"a" * 100))
+            await writer.drain()
+        return False
+
+    _, origin = await serve(endless)
+    p = Pool(limit=1, keepalive=60.0, connect_timeout=2.0, pool_timeout=2.0, max_head=16 * 1024)
+    with pytest.raises(http1.BadResponse, match="too large"):
+        await p.request(origin, head(), b"{}")
+    assert p.size == 0
+    await p.close()
+
+
 def test_header_injection_is_refused() -> None:
     with pytest.raises(ValueError):
         http1.header_lines({"x-a": "1\r\nx-b: 2"})

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import httptools
 
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the socket pauses
+MAX_HEAD = 64 * 1024  # the most an answer's status line and headers may take
 
 
 class HttpError(Exception):
@@ -124,6 +125,7 @@ class Response:
         "_conn",
         "_decoder",
         "_error",
+        "_head_bytes",
         "_headers",
         "_paused",
         "_until_eof",
@@ -140,6 +142,7 @@ class Response:
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self._headers: Headers | None = None
+        self._head_bytes = 0
         self.headers_done = False
         self.complete = False
         self.keep_alive = False
@@ -236,9 +239,9 @@ class Response:
                 return
         self._chunks.append(data)
         self._buffered += len(data)
-        if self._buffered > HIGH_WATER and not self._paused:
-            conn = self._conn
-            if conn is not None and conn.transport is not None:
+        conn = self._conn
+        if conn is not None and self._buffered > conn.pool.high_water and not self._paused:
+            if conn.transport is not None:
                 self._paused = True
                 conn.transport.pause_reading()
         self._wake()
@@ -310,9 +313,16 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             response._fail(BadResponse("upstream switched protocols"))
             self.abort()
+            return
         except httptools.HttpParserError:
             response._fail(BadResponse("upstream sent a malformed HTTP answer"))
             self.abort()
+            return
+        if not response.headers_done:
+            response._head_bytes += len(data)
+            if response._head_bytes > self.pool.max_head:  # an endless header block
+                response._fail(BadResponse("upstream's answer headers are too large"))
+                self.abort()
 
     def on_message_begin(self) -> None:
         response = self.response
@@ -405,8 +415,12 @@ class Pool:
         connect_timeout: float,
         pool_timeout: float,
         ssl_context: ssl.SSLContext | None = None,
+        high_water: int = HIGH_WATER,
+        max_head: int = MAX_HEAD,
     ) -> None:
         self.limit = limit
+        self.high_water = high_water
+        self.max_head = max_head
         self.keepalive = keepalive
         self.connect_timeout = connect_timeout
         self.pool_timeout = pool_timeout
