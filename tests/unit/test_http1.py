@@ -299,6 +299,55 @@ async def test_unsolicited_bytes_drop_the_idle_connection(serve) -> None:  # typ
     await p.close()
 
 
+def late_end(delay: float) -> Handler:
+    """An event stream whose final chunk comes `delay` seconds after its `[DONE]` (as from an
+    ASGI server that writes the end of a chunked body on its own)."""
+
+    async def handler(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _q: bytes) -> bool:
+        event = b"data: [DONE]\n\n"
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        writer.write(b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        await asyncio.sleep(delay)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    return handler
+
+
+async def test_a_stream_released_at_done_keeps_its_connection(serve) -> None:  # type: ignore[no-untyped-def]
+    server, origin = await serve(late_end(0.05))
+    p = pool()
+    for _ in range(2):
+        response = await p.request(origin, head(), b"{}")
+        assert await response.readany() == b"data: [DONE]\n\n"
+        assert not response.complete
+        response.release()  # the reader is done; the body's end is still on its way
+        assert p.idle == 0
+        for _ in range(40):
+            if p.idle:
+                break
+            await asyncio.sleep(0.01)
+        assert p.idle == 1
+    assert server.connections == 1
+    await p.close()
+
+
+async def test_a_released_answer_that_never_ends_is_dropped(serve) -> None:  # type: ignore[no-untyped-def]
+    _, origin = await serve(late_end(30))
+    p = Pool(limit=1, keepalive=60.0, connect_timeout=2.0, pool_timeout=2.0, drain_timeout=0.05)
+    response = await p.request(origin, head(), b"{}")
+    await response.readany()
+    response.release()
+    for _ in range(40):
+        if p.size == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert p.size == 0 and p.idle == 0
+    await p.close()
+
+
 async def test_endless_header_block_is_cut_off(serve) -> None:  # type: ignore[no-untyped-def]
     async def endless(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _q: bytes) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\n")

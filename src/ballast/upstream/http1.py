@@ -28,6 +28,7 @@ import httptools
 
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the socket pauses
 MAX_HEAD = 64 * 1024  # the most an answer's status line and headers may take
+DRAIN_TIMEOUT = 1.0  # seconds a released answer's last bytes may take to keep its connection
 
 
 class HttpError(Exception):
@@ -124,6 +125,7 @@ class Response:
         "_chunks",
         "_conn",
         "_decoder",
+        "_drain",
         "_error",
         "_head_bytes",
         "_headers",
@@ -153,6 +155,7 @@ class Response:
         self._error: HttpError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._decoder: zlib._Decompress | None = None
+        self._drain: asyncio.TimerHandle | None = None  # released, the rest being discarded
 
     @property
     def headers(self) -> Headers:
@@ -227,6 +230,8 @@ class Response:
     # -- fed by the connection ---------------------------------------------------------------
 
     def _feed(self, data: bytes) -> None:
+        if self._drain is not None:
+            return
         if self._decoder is not None:
             try:
                 data = self._decoder.decompress(data)
@@ -262,11 +267,23 @@ class Response:
     # -- giving the connection back ----------------------------------------------------------
 
     def release(self) -> None:
+        """Give the connection back. An answer whose reader stopped just before its end (an
+        event stream's final chunk often comes a moment after `[DONE]`) keeps its connection
+        if the rest arrives within the pool's `drain_timeout`; its bytes are discarded."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if self.complete and self.keep_alive and self._error is None and not conn.closed:
+        reusable = self._error is None and self.keep_alive and not conn.closed
+        if reusable and self.complete:
             conn.pool.put_back(conn)
+        elif reusable and self.headers_done and not self._until_eof:
+            self._chunks.clear()
+            self._buffered = 0
+            loop = asyncio.get_running_loop()
+            self._drain = loop.call_later(conn.pool.drain_timeout, conn.abort)
+            if self._paused and conn.transport is not None:
+                self._paused = False
+                conn.transport.resume_reading()
         else:
             conn.abort()
 
@@ -374,8 +391,14 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         response = self.response
-        if response is not None and response.headers_done:
-            response._end()
+        if response is None or not response.headers_done:
+            return
+        response._end()
+        drain = response._drain
+        if drain is not None:  # released before its end, and now ended in time
+            response._drain = None
+            drain.cancel()
+            self.pool.put_back(self)
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -386,6 +409,9 @@ class _Connection(asyncio.Protocol):
         response = self.response
         if response is None or response.complete:
             return
+        if response._drain is not None:
+            response._drain.cancel()
+            response._drain = None
         if response.headers_done and response._until_eof and exc is None:
             response._end()
         elif response.headers_done:
@@ -417,8 +443,10 @@ class Pool:
         ssl_context: ssl.SSLContext | None = None,
         high_water: int = HIGH_WATER,
         max_head: int = MAX_HEAD,
+        drain_timeout: float = DRAIN_TIMEOUT,
     ) -> None:
         self.limit = limit
+        self.drain_timeout = drain_timeout
         self.high_water = high_water
         self.max_head = max_head
         self.keepalive = keepalive
