@@ -425,3 +425,28 @@ def test_config_refuses_headers_that_would_break_a_request() -> None:
     for headers in ({"X-Org": "a\r\nx-admin: 1"}, {"X Org": "a"}, {"": "a"}):
         with pytest.raises(ValidationError):
             Deployment(id="a", url="http://127.0.0.1:1/v1", headers=headers)
+
+
+async def test_a_full_pool_is_busy_not_failing(serve) -> None:  # type: ignore[no-untyped-def]
+    """The deployment's bulkhead being full says nothing about its health: the router fails
+    over without counting it against the deployment's breaker."""
+    from ballast.config import Deployment, Timeouts, UpstreamSettings
+    from ballast.routing import classify
+    from ballast.routing.classify import Failure
+    from ballast.upstream.client import Upstream
+
+    _, origin = await serve(answer(OK))
+    deployment = Deployment(id="d", url=f"http://127.0.0.1:{origin.port}/v1", pool_size=1)
+    upstream = Upstream(deployment, Timeouts(pool=0.1), UpstreamSettings())
+    await upstream.start()
+    held = await upstream.post("/chat/completions", b"{}")
+    with pytest.raises(Failure) as caught:
+        await upstream.post("/chat/completions", b"{}")
+    assert caught.value.kind is classify.POOL_TIMEOUT
+    assert not caught.value.kind.health_failure
+    await held.read()
+    held.release()
+    again = await upstream.post("/chat/completions", b"{}")
+    assert again.status == 200
+    again.release()
+    await upstream.close()

@@ -183,8 +183,9 @@ class Upstream:
         except http1.ConnectTimeout:
             raise Failure(classify.CONNECT, "connect timeout", deployment=self.id) from None
         except http1.PoolTimeout:
+            # Our bulkhead is full: the deployment is busy, not failing.
             raise Failure(
-                classify.CONNECT, "no free pooled connection", deployment=self.id
+                classify.POOL_TIMEOUT, "no free pooled connection", deployment=self.id
             ) from None
         except http1.ConnectFailed:
             raise Failure(classify.CONNECT, "connection refused", deployment=self.id) from None
