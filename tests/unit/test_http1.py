@@ -46,7 +46,7 @@ class Server:
                 if not await self.handler(reader, writer, request):
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            pass  # the client closed or dropped the connection: this one is done
         finally:
             writer.close()
 

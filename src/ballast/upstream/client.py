@@ -14,7 +14,14 @@ from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.routing import classify
 from ballast.routing.classify import Failure
 from ballast.upstream import http1
-from ballast.upstream.http1 import Pool, Response, default_tls_context, header_lines, split_url
+from ballast.upstream.http1 import (
+    Pool,
+    Response,
+    default_tls_context,
+    header_line,
+    header_lines,
+    split_url,
+)
 
 log = logging.getLogger("ballast.upstream")
 
@@ -92,14 +99,11 @@ class Upstream:
         auth: dict[str, str] = {}
         if deployment.api_key is not None:
             auth["authorization"] = f"Bearer {deployment.api_key.get_secret_value()}"
-        for name, value in deployment.headers.items():
-            # A configured header replaces ours of the same name, whatever its spelling.
-            lowered = name.lower()
-            headers = {k: v for k, v in headers.items() if k != lowered}
-            if lowered == "authorization":
-                auth = {lowered: value}
-            else:
-                headers[lowered] = value
+        # A configured header replaces ours of the same name, whatever its spelling.
+        configured = {name.lower(): value for name, value in deployment.headers.items()}
+        if "authorization" in configured:
+            auth = {"authorization": configured.pop("authorization")}
+        headers.update(configured)
         # Every request's fixed header lines, written once: with the deployment's credential,
         # and without it for a route that brings its own.
         self._fixed_lines = header_lines(headers)
@@ -225,13 +229,15 @@ class Upstream:
 
 
 def _bearer_line(token: str) -> bytes:
-    if "\r" in token or "\n" in token:
-        raise Failure(classify.CONNECT, "a run's token is not a valid header value")
-    return b"authorization: Bearer " + token.encode("latin-1", "replace") + b"\r\n"
+    try:
+        return header_line("authorization", f"Bearer {token}")
+    except ValueError:
+        raise Failure(classify.CONNECT, "a run's token is not a valid header value") from None
 
 
 def _request_id_line(request_id: str) -> bytes:
-    """The client's request id, passed on; anything that could break the framing is dropped."""
-    if "\r" in request_id or "\n" in request_id:
+    """The client's request id, passed on; one that could break the framing is dropped."""
+    try:
+        return header_line("x-request-id", request_id)
+    except ValueError:
         return b""
-    return b"x-request-id: " + request_id.encode("latin-1", "replace") + b"\r\n"

@@ -83,15 +83,16 @@ def split_url(url: str) -> tuple[Origin, bytes]:
     return origin, target.encode("ascii")
 
 
-def header_lines(headers: dict[str, str]) -> bytes:
-    """Request header lines, each ending in CRLF. ValueError for a name or value that would
+def header_line(name: str, value: str) -> bytes:
+    """One request header line, ending in CRLF. ValueError for a name or value that would
     break the framing (header injection)."""
-    out = []
-    for name, value in headers.items():
-        if not name or any(c in name for c in " \t\r\n:") or "\r" in value or "\n" in value:
-            raise ValueError(f"invalid header {name!r}")
-        out.append(f"{name}: {value}\r\n".encode("latin-1"))
-    return b"".join(out)
+    if not name or any(c in name for c in " \t\r\n:") or "\r" in value or "\n" in value:
+        raise ValueError(f"invalid header {name!r}")
+    return f"{name}: {value}\r\n".encode("latin-1", "replace")
+
+
+def header_lines(headers: dict[str, str]) -> bytes:
+    return b"".join(header_line(name, value) for name, value in headers.items())
 
 
 class Headers:
@@ -107,12 +108,6 @@ class Headers:
 
     def get(self, name: str) -> str | None:
         return self._map.get(name.lower())
-
-    def __getitem__(self, name: str) -> str:
-        return self._map[name.lower()]
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.lower() in self._map
 
 
 class Response:
@@ -315,8 +310,10 @@ class _Connection(asyncio.Protocol):
         if self.closed or transport is None or transport.is_closing():
             response._fail(Disconnected("upstream connection closed"))
         else:
-            transport.write(head + body if len(body) < 65536 else head)
-            if len(body) >= 65536:
+            if len(body) < 65536:  # one write; a big body is not copied to join it
+                transport.write(head + body)
+            else:
+                transport.write(head)
                 transport.write(body)
         return response
 
