@@ -100,3 +100,19 @@ async def test_upgrade_is_skipped_when_the_schema_is_current(tmp_path: Path) -> 
     assert await database.revision() == HEAD_REVISION
     await database.upgrade()  # a no-op: nothing to apply
     await database.close()
+
+
+async def test_workers_starting_together_on_a_new_database_migrate_it_once(
+    tmp_path: Path,
+) -> None:
+    """`serve --workers N` on a new SQLite file: every worker upgrades at once, and none
+    may fail on a table another one has just created."""
+    from ballast.state.db import HEAD_REVISION
+
+    databases = [Database(f"sqlite:///{tmp_path / 'fresh.db'}") for _ in range(4)]
+    try:
+        await asyncio.gather(*(database.upgrade() for database in databases))
+        assert {await database.revision() for database in databases} == {HEAD_REVISION}
+    finally:
+        for database in databases:
+            await database.close()

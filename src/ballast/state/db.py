@@ -3,7 +3,12 @@ behind the one breaker so a dead database fails fast instead of piling up reques
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import logging
+import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +54,36 @@ class Database:
                 connect_args={"timeout": timeout, "command_timeout": timeout},
             )
         self.engine: AsyncEngine = create_async_engine(self.url, **options)
-        if self.is_sqlite and path and path != ":memory:":
+        self._file = Path(path) if self.is_sqlite and path and path != ":memory:" else None
+        if self._file is not None:
             sa.event.listen(self.engine.sync_engine, "connect", _write_ahead_log)
 
     async def upgrade(self) -> None:
-        """Apply every pending migration (idempotent; serialised across instances)."""
+        """Apply every pending migration (idempotent; serialised across instances and
+        workers: those of `serve --workers N` all start at once on a new database)."""
         if await self.revision() == HEAD_REVISION:
             return
-        async with self.engine.begin() as connection:
+        async with self._migration_lock(), self.engine.begin() as connection:
             if not self.is_sqlite:
                 await connection.execute(sa.text("SELECT pg_advisory_xact_lock(4242001)"))
-            await connection.run_sync(_upgrade)
+            await connection.run_sync(_upgrade)  # nothing to do if another got there first
+
+    @contextlib.asynccontextmanager
+    async def _migration_lock(self) -> AsyncIterator[None]:
+        """SQLite's stand-in for PostgreSQL's advisory lock: a lock on a file next to the
+        database (not the database file: closing any descriptor of it would drop SQLite's
+        own locks in this process)."""
+        if self._file is None:
+            yield
+            return
+        fd = os.open(
+            self._file.with_name(self._file.name + ".migrate-lock"), os.O_RDWR | os.O_CREAT
+        )
+        try:
+            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     async def revision(self) -> str | None:
         """The schema's current migration, or None for an empty database."""
