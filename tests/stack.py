@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import IO, Any, TypeVar
 
 import uvicorn
 
@@ -162,3 +166,25 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serve(
+    config: Path, port: int, workers: int, stderr: int | IO[bytes] = subprocess.DEVNULL
+) -> subprocess.Popen[bytes]:
+    """`ballast serve` as a process of its own, in the config's directory, with a metrics
+    directory of its own when it has several workers."""
+    command = [sys.executable, "-m", "ballast", "serve", "--config", str(config)]
+    command += ["--port", str(port), "--workers", str(workers), "--log-level", "warning"]
+    return subprocess.Popen(
+        command,
+        env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        cwd=config.parent,
+    )

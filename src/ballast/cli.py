@@ -56,6 +56,14 @@ def serve(
     host: Annotated[str | None, typer.Option(help="overrides server.host")] = None,
     port: Annotated[int | None, typer.Option(help="overrides server.port")] = None,
     workers: Annotated[int, typer.Option(help="worker processes sharing the port")] = 1,
+    reuse_port: Annotated[
+        bool,
+        typer.Option(
+            help="with several workers on Linux, a listening socket per worker (SO_REUSEPORT): "
+            "the kernel spreads connections evenly; off: one shared socket, where a burst "
+            "of connections can all land on one worker"
+        ),
+    ] = True,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
     log_format: Annotated[str, typer.Option(help="json (one object a line) or text")] = "text",
     proxy_headers: Annotated[
@@ -111,7 +119,7 @@ def serve(
         ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
         ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
     )
-    run_server(config_)
+    run_server(config_, reuse_port)
 
 
 @cli.command()

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ballast.observe.logs import JsonFormatter, TextFormatter
-from tests.stack import Gateway, Stack, deployment, group, wait_for
+from tests.stack import Gateway, Stack, deployment, free_port, group, serve, wait_for
 
 MASTER = "bk-master-observe-0123456789"
 DASHBOARD = "dash-read-only-token-4567"
@@ -435,13 +434,6 @@ def state_of(gateway: Gateway) -> dict[str, Any]:
 # -- the real command: SIGHUP and JSON logs on stderr -------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is POSIX only")
 def test_serve_reloads_on_sighup_and_logs_json_lines_without_secrets(
     stack: Stack, tmp_path: Path
@@ -519,15 +511,7 @@ def test_two_workers_report_every_request_whichever_answers_the_scrape(
     path = tmp_path / "ballast.yaml"
     path.write_text(yaml.safe_dump(config(group("chat", deployment("a", a)))))
     port = free_port()
-    command = [sys.executable, "-m", "ballast", "serve", "--config", str(path)]
-    command += ["--port", str(port), "--workers", "2", "--log-level", "warning"]
-    process = subprocess.Popen(
-        command,
-        env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=tmp_path,
-    )
+    process = serve(path, port, workers=2)
     url = f"http://127.0.0.1:{port}"
     total = 24
     try:

@@ -7,7 +7,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -21,16 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.stack import Stack
+from tests.stack import Stack, free_port
 
 MASTER = "sk-master-for-shutdown-tests"
 FLUSH = 0.5
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def call(url: str, body: Any, key: str, timeout: float = 10) -> tuple[int, Any]:
