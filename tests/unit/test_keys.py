@@ -9,10 +9,15 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from ballast.api.access import Access
+from ballast.api.errors import ApiError
 from ballast.clock import ManualClock
+from ballast.config import Settings
 from ballast.state.db import Database
 from ballast.state.keys import KeyService, KeysUnavailable, hash_key
+from ballast.state.ratelimit import RateLimiter
 from ballast.state.schema import api_keys
+from ballast.state.spend import SpendRecorder
 
 
 @pytest.fixture
@@ -78,6 +83,52 @@ async def test_revoke(db: Database) -> None:
             await connection.execute(sa.select(sa.func.count()).select_from(api_keys))
         ).scalar()
     assert count == 1
+
+
+async def test_a_key_remembered_by_its_header_still_expires_revokes_and_is_rechecked(
+    db: Database, tmp_path: Path
+) -> None:
+    clock = ManualClock()
+    keys = KeyService(db, clock=clock, cache_ttl=30.0)
+    settings = Settings.model_validate(
+        {
+            "server": {"master_key": "sk-master-0123456789"},
+            "models": [{"name": "m", "deployments": [{"id": "a", "url": "http://127.0.0.1:9"}]}],
+        }
+    )
+    spend = SpendRecorder(db, None, str(tmp_path / "spend.journal"), clock=clock)
+    access = Access(settings, keys, RateLimiter(None, clock=clock), spend, clock)
+
+    def scope(plaintext: str) -> dict[str, object]:
+        return {"headers": [(b"authorization", b"Bearer " + plaintext.encode())]}
+
+    async def refused(plaintext: str) -> str:
+        with pytest.raises(ApiError) as error:
+            await access.authenticate(scope(plaintext))
+        assert error.value.status == 401
+        return error.value.message
+
+    short, short_record = await keys.create("short", expires_at=clock.time() + 10)
+    assert (await access.authenticate(scope(short))).id == short_record.id
+    clock.advance(11)  # still remembered, but expired
+    assert "expired" in await refused(short)
+
+    here, _ = await keys.create("revoked here")
+    elsewhere, elsewhere_record = await keys.create("revoked by another instance")
+    for plaintext in (here, elsewhere):
+        await access.authenticate(scope(plaintext))
+    queries = keys.db_queries
+    assert (await access.authenticate(scope(elsewhere))).id == elsewhere_record.id
+    assert keys.db_queries == queries  # from memory
+    assert await keys.revoke((await keys.lookup(here)).id)  # type: ignore[union-attr]
+    await refused(here)  # at once
+    async with db.begin() as connection:  # what another instance's revocation leaves here
+        await connection.execute(api_keys.update().values(revoked=True))
+    clock.advance(29)
+    assert (await access.authenticate(scope(elsewhere))).id == elsewhere_record.id
+    clock.advance(2)  # the key cache's TTL: looked up again
+    await refused(elsewhere)
+    assert await access.authenticate(scope("sk-master-0123456789")) is not None
 
 
 def test_head_revision_matches_the_migrations() -> None:

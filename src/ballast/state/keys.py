@@ -116,6 +116,7 @@ class KeyService:
         self._cache: dict[str, tuple[KeyRecord | None, float]] = {}  # hash -> (record, until)
         self._flights: dict[str, asyncio.Future[KeyRecord | None]] = {}
         self.db_queries = 0
+        self.revocations = 0  # callers that cache keys of their own drop them when it moves
 
     # -- administration -------------------------------------------------------------
 
@@ -185,6 +186,7 @@ class KeyService:
                 .returning(api_keys.c.key_hash)
             )
             hashes = [row.key_hash for row in result]
+        self.revocations += 1
         for digest in hashes:
             self._cache.pop(digest, None)
             await self._forget(digest, key_id)
@@ -204,11 +206,16 @@ class KeyService:
     async def lookup(self, plaintext: str) -> KeyRecord | None:
         """The key's record, or None when no such key exists. Raises KeysUnavailable only
         when the key is unknown to the cache and the database cannot be asked."""
+        return (await self.lookup_until(plaintext))[0]
+
+    async def lookup_until(self, plaintext: str) -> tuple[KeyRecord | None, float]:
+        """As `lookup`, with the monotonic time until which this answer stands without
+        asking again: whoever remembers a key must not keep it longer."""
         digest = hash_key(plaintext)
         cached = self._cache.get(digest)
         now = self.clock.monotonic()
         if cached is not None and cached[1] > now:
-            return cached[0]
+            return cached
         flight = self._flights.get(digest)
         if flight is None:
             flight = asyncio.get_running_loop().create_future()
@@ -223,8 +230,10 @@ class KeyService:
                 flight.set_result(record)
             finally:
                 self._flights.pop(digest, None)
-            return record
-        return await asyncio.shield(flight)
+        else:
+            record = await asyncio.shield(flight)
+        remembered = self._cache.get(digest)
+        return record, remembered[1] if remembered is not None else now
 
     async def _fetch(
         self, digest: str, stale: tuple[KeyRecord | None, float] | None
