@@ -26,8 +26,19 @@ BODY = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi
 
 def workers(parent: int) -> list[int]:
     """The supervisor's worker processes: its children that hold a listening socket."""
-    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-    return [int(pid) for pid in children if _sockets(int(pid))]
+    return [pid for pid in _children(parent) if _sockets(pid)]
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[1]) == parent:  # the field after the state is the parent's pid
+            found.append(int(stat.parent.name))
+    return sorted(found)
 
 
 def _sockets(pid: int) -> set[str]:
