@@ -4,6 +4,7 @@ new connection refused meanwhile."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -92,21 +93,28 @@ def served(stack: Stack, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[byte
         assert not re.search(rb"Traceback", stderr), stderr.decode()[-2000:]
 
 
-def test_connections_opened_together_spread_over_both_workers(
-    served: tuple[subprocess.Popen[bytes], int],
-) -> None:
-    process, port = served
-    clients = [http.client.HTTPConnection("127.0.0.1", port, timeout=20) for _ in range(24)]
+@contextlib.contextmanager
+def answered(port: int, count: int) -> Iterator[None]:
+    """`count` keep-alive connections opened together, each answered once, held open."""
+    clients = [http.client.HTTPConnection("127.0.0.1", port, timeout=20) for _ in range(count)]
     try:
         for client in clients:
             client.connect()
         assert all(ask(client) == 200 for client in clients)
-        counts = connections_per_worker(process.pid, port)
-        assert sum(counts.values()) == 24
-        assert len(counts) == 2 and min(counts.values()) > 0, counts  # 0: about 1 in 4 million
+        yield
     finally:
         for client in clients:
             client.close()
+
+
+def test_connections_opened_together_spread_over_both_workers(
+    served: tuple[subprocess.Popen[bytes], int],
+) -> None:
+    process, port = served
+    with answered(port, 24):
+        counts = connections_per_worker(process.pid, port)
+        assert sum(counts.values()) == 24
+        assert len(counts) == 2 and min(counts.values()) > 0, counts  # 0: about 1 in 4 million
 
 
 def test_a_killed_worker_is_replaced_on_its_socket_and_no_connection_is_refused(
@@ -116,17 +124,12 @@ def test_a_killed_worker_is_replaced_on_its_socket_and_no_connection_is_refused(
     victim, survivor = workers(process.pid)
     os.kill(victim, signal.SIGKILL)
     # Connections hashed to the dead worker's socket wait there for its replacement.
-    clients = [http.client.HTTPConnection("127.0.0.1", port, timeout=20) for _ in range(16)]
-    try:
-        assert all(ask(client) == 200 for client in clients)
+    with answered(port, 16):
         now = workers(process.pid)
         assert survivor in now and victim not in now and len(now) == 2
         counts = connections_per_worker(process.pid, port)
         assert sum(counts.values()) == 16
         assert min(counts.values()) > 0, counts  # the replacement took over the socket
-    finally:
-        for client in clients:
-            client.close()
 
 
 def test_sighup_replaces_each_worker_on_its_own_socket(
@@ -141,11 +144,6 @@ def test_sighup_replaces_each_worker_on_its_own_socket(
         return len(now) == 2 and not now & before
 
     wait_for(replaced, timeout=60)
-    clients = [http.client.HTTPConnection("127.0.0.1", port, timeout=20) for _ in range(24)]
-    try:
-        assert all(ask(client) == 200 for client in clients)
+    with answered(port, 24):
         counts = connections_per_worker(process.pid, port)
         assert sum(counts.values()) == 24 and min(counts.values()) > 0, counts
-    finally:
-        for client in clients:
-            client.close()
