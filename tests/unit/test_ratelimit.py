@@ -306,3 +306,25 @@ async def test_unreachable_redis_falls_back_to_the_share_and_stops_calling() -> 
         assert limiter.fallbacks == 6
     finally:
         await store.close()
+
+
+async def test_acquire_now_decides_locally_and_defers_to_redis_while_it_can_answer() -> None:
+    clock = ManualClock(start=WINDOW_START)
+    local = RateLimiter(None, clock=clock)
+    lim = limits(rpm=1)
+    lease = local.acquire_now(lim, 0)
+    assert lease is not None and not lease.shared
+    with pytest.raises(RateLimited):
+        local.acquire_now(lim, 0)  # the same window as `acquire`
+    store = unreachable_store(clock)
+    limiter = RateLimiter(store, clock=clock)
+    try:
+        assert limiter.acquire_now(lim, 0) is None  # closed breaker: Redis is asked
+        assert store.calls == 0
+        await admit(limiter, limits(rpm=10, key="k2"), 3)  # three failures open the breaker
+        assert store.breaker.state.value == "open"
+        fallback = limiter.acquire_now(lim, 0)
+        assert fallback is not None and not fallback.shared
+        assert limiter.fallbacks == 4
+    finally:
+        await store.close()

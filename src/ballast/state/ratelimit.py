@@ -363,20 +363,29 @@ class RateLimiter:
 
     async def acquire(self, limits: Limits, estimated_tokens: int) -> Lease:
         """Admit one request or raise RateLimited. Books `estimated_tokens` against TPM."""
+        lease = self.acquire_now(limits, estimated_tokens)
+        if lease is not None:
+            return lease
+        cost = estimated_tokens if estimated_tokens > 0 else 0
+        try:
+            return await self._acquire_redis(limits, cost)
+        except StoreUnavailable:
+            self.fallbacks += 1
+            return self._acquire_local(limits, cost)
+
+    def acquire_now(self, limits: Limits, estimated_tokens: int) -> Lease | None:
+        """`acquire` when no round trip is needed (no limits, no Redis, or its breaker is
+        open), without a coroutine; None when Redis must be asked."""
         rpm, tpm, par = limits.rpm, limits.tpm, limits.max_parallel
         if rpm is None and tpm is None and par is None:
             return Lease(_NONE, limits.key_id, 0, 0, "", None, None, _UNLIMITED_SNAPSHOT)
-        cost = estimated_tokens if estimated_tokens > 0 else 0
         store = self._store
         if store is not None:
             # An open breaker would refuse anyway; skipping the call keeps this ~1 us.
             if store.breaker.state is not BreakerState.OPEN:
-                try:
-                    return await self._acquire_redis(limits, cost)
-                except StoreUnavailable:
-                    pass
+                return None
             self.fallbacks += 1
-        return self._acquire_local(limits, cost)
+        return self._acquire_local(limits, estimated_tokens if estimated_tokens > 0 else 0)
 
     def _share(self, limit: int | None) -> int | None:
         if limit is None or limit <= 0 or self._instances == 1:
