@@ -215,7 +215,7 @@ class Access:
             try:
                 lease = self.limiter.acquire_now(limits, estimated)
                 if lease is None:
-                    lease = await self.limiter.acquire(limits, estimated)
+                    lease = await self.limiter.acquire_shared(limits, estimated)
             except RateLimited as limited:
                 retry = str(max(1, round(limited.retry_after))).encode()
                 raise ApiError(

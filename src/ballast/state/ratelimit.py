@@ -366,6 +366,11 @@ class RateLimiter:
         lease = self.acquire_now(limits, estimated_tokens)
         if lease is not None:
             return lease
+        return await self.acquire_shared(limits, estimated_tokens)
+
+    async def acquire_shared(self, limits: Limits, estimated_tokens: int) -> Lease:
+        """`acquire` in Redis, after `acquire_now` found it must be asked; the local share
+        when Redis cannot answer."""
         cost = estimated_tokens if estimated_tokens > 0 else 0
         try:
             return await self._acquire_redis(limits, cost)
