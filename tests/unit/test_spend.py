@@ -21,10 +21,12 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from ballast.clock import ManualClock
 from ballast.config import ModelPrice
+from ballast.state import spend
 from ballast.state.db import Database
 from ballast.state.schema import spend_events, spend_totals
 from ballast.state.spend import (
     _EVENT_COLUMNS,
+    EventBuffer,
     SpendEvent,
     SpendRecorder,
     SpendUnavailable,
@@ -281,7 +283,7 @@ async def test_fresh_events_take_the_fast_write(
 ) -> None:
     recorder = make_recorder()
     await recorder.start()
-    events = [event(cost=0.5) for _ in range(600)]  # more than one multi-row chunk
+    events = [event(cost=0.5) for _ in range(600)]
     for e in events:
         recorder.record(e)
     await recorder.flush()
@@ -628,3 +630,82 @@ def test_the_written_out_insert_names_every_column_of_the_table_in_row_order() -
     event = SpendEvent("e1", "k1", "total", "m", "d", 1, 2, 0.5, False, 1.0)
     assert _EVENT_COLUMNS == tuple(column.name for column in spend_events.columns)
     assert dict(zip(_EVENT_COLUMNS, event, strict=True)) == event.row()
+
+
+def odd_events() -> list[SpendEvent]:
+    """Events whose strings and numbers a JSON round trip could get wrong."""
+    models = ["gpt-x", 'q"uote\\back\nline][', "modèle-日本", "tab\there"]
+    return [
+        SpendEvent(
+            f"e-{i}",
+            "k1" if i % 3 else "k2",
+            "total" if i % 2 else "2026-12",
+            models[i % len(models)],
+            None if i % 2 else f"dep-{i}",
+            i,
+            2**31 - 1 - i,
+            0.1 * i + 1e-17,
+            bool(i % 2),
+            1_764_550_000.123456 + i,
+        )
+        for i in range(40)
+    ]
+
+
+def test_an_event_buffer_gives_back_what_it_was_given_in_order() -> None:
+    events = odd_events()
+    older, newer = EventBuffer(), EventBuffer()
+    for e in events[:25]:
+        older.add(e)
+    for e in events[25:]:
+        newer.add(e)
+    older.absorb(newer)
+    assert (len(older), len(newer), newer.totals) == (40, 0, {})
+    assert older.events() == events
+    expected: dict[tuple[str, str], float] = {}
+    for e in events:
+        expected[(e.key_id, e.period)] = expected.get((e.key_id, e.period), 0.0) + e.cost
+    assert older.totals == pytest.approx(expected)
+
+
+def test_an_event_buffer_splits_its_json_into_bounded_arrays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(spend, "JSON_CHUNK_BYTES", 300)
+    events = odd_events()
+    buffer = EventBuffer()
+    for e in events:
+        buffer.add(e)
+    arrays = list(buffer.json_arrays())
+    assert len(arrays) > 5
+    assert sum(count for _, count in arrays) == len(events)
+    decoded = [row for text, count in arrays for row in orjson.loads(text)]
+    assert [SpendEvent._make(row) for row in decoded] == events
+    assert all(len(orjson.loads(text)) == count for text, count in arrays)
+
+
+def test_a_string_no_database_could_store_is_kept_with_a_stand_in() -> None:
+    buffer = EventBuffer()
+    odd = SpendEvent("e-1", "k1", "total", "bad\ud800model", None, 1, 2, 0.5, False, 1.0)
+    buffer.add(odd)
+    assert buffer.events() == [odd._replace(model="bad?model")]
+
+
+async def test_events_read_back_from_the_database_as_they_were_recorded(
+    db: FlakyDatabase,
+    make_recorder: Callable[..., SpendRecorder],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(spend, "JSON_CHUNK_BYTES", 500)  # several statements
+    recorder = make_recorder()
+    events = odd_events()
+    for e in events:
+        recorder.record(e)
+    await recorder.flush()
+    async with db.connect() as connection:
+        result = await connection.execute(sa.select(spend_events).order_by(spend_events.c.id))
+        stored = [SpendEvent(*row) for row in result]
+    assert stored == sorted(events)
+    assert all(type(e.cached) is bool and type(e.created_at) is float for e in stored)
+    assert recorder.rechecks == 0
+    assert await _totals(db) == pytest.approx(await _sums(db))
