@@ -244,3 +244,38 @@ async def test_lost_counter_increment_is_repaired_from_the_database(
             await recorder.close()
             await store.client.delete(name)
             await store.close()
+
+
+async def test_events_read_back_as_recorded_and_a_repeat_counts_once(
+    database: Database, tmp_path: Path
+) -> None:
+    """Every event goes to PostgreSQL as JSON text: strings JSON must escape, None, booleans,
+    the largest token counts and floats come back as they were recorded."""
+    key = unique_key()
+    models = ["gpt-x", 'q"uote\\back\nline][', "modèle-日本", "tab\there"]
+    events = [
+        SpendEvent(
+            new_event_id(),
+            key,
+            "total" if i % 2 else "2026-12",
+            models[i % len(models)],
+            None if i % 2 else f"dep-{i}",
+            i,
+            2**31 - 1 - i,
+            (i + 1) * UNIT,
+            bool(i % 2),
+            1_764_550_000.123456 + i,
+        )
+        for i in range(40)
+    ]
+    recorder = SpendRecorder(database, None, str(tmp_path / "spend.journal"))
+    for e in [*events, events[3]]:  # one recorded twice in the same batch
+        recorder.record(e)
+    await recorder.flush()
+    async with database.connect() as connection:
+        rows = await connection.execute(sa.select(spend_events).where(spend_events.c.key_id == key))
+        assert sorted(SpendEvent(*row) for row in rows) == sorted(events)
+    for period in ("total", "2026-12"):
+        expected = sum(e.cost for e in events if e.period == period)
+        assert await recorder.key_spend(key, period) == expected
+    await recorder.close()

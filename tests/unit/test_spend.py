@@ -605,28 +605,18 @@ async def test_upgrading_an_older_database_fills_the_totals_in(tmp_path: Path) -
     await database.close()
 
 
-def test_batches_are_written_in_a_few_fixed_chunk_sizes() -> None:
-    from ballast.state.spend import _CHUNK_SIZES, _fixed_chunks
-
-    for n in (0, 1, 7, 8, 9, 600, 1500):
-        rows = [{"n": i} for i in range(n)]
-        chunks = list(_fixed_chunks(rows))
-        assert [row for chunk in chunks for row in chunk] == rows
-        assert {len(chunk) for chunk in chunks} <= set(_CHUNK_SIZES)
-
-
 async def test_a_large_batch_is_written_whole(
     db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder]
 ) -> None:
     recorder = make_recorder()
-    for _ in range(600):  # 512 + 64 + 3 x 8 + ...
+    for _ in range(600):
         recorder.record(event("big", 0.5))
     await recorder.flush()
     assert await _totals(db) == pytest.approx({("big", "total"): 300.0})
     assert await _sums(db) == pytest.approx({("big", "total"): 300.0})
 
 
-def test_the_written_out_insert_names_every_column_of_the_table_in_row_order() -> None:
+def test_the_insert_names_every_column_of_the_table_in_row_order() -> None:
     event = SpendEvent("e1", "k1", "total", "m", "d", 1, 2, 0.5, False, 1.0)
     assert _EVENT_COLUMNS == tuple(column.name for column in spend_events.columns)
     assert dict(zip(_EVENT_COLUMNS, event, strict=True)) == event.row()

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import logging
 import os
 import random
@@ -34,7 +33,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import orjson
 import sqlalchemy as sa
@@ -60,7 +59,6 @@ return false
 """
 
 _KeyPeriod = tuple[str, str]
-T = TypeVar("T")
 
 
 class SpendEvent(NamedTuple):
@@ -97,54 +95,7 @@ class SpendEvent(NamedTuple):
         )
 
 
-# Batches are written in chunks of these sizes only. A multi-row INSERT is a new statement
-# for every row count, and the database driver caches each one it sees (per connection):
-# with any batch size that cache grew by megabytes an hour; with these it holds eight (four
-# sizes, with and without RETURNING).
-_CHUNK_SIZES = (512, 64, 8, 1)
-
 _EVENT_COLUMNS = SpendEvent._fields
-
-
-def _fixed_chunks(items: list[T]) -> Iterator[list[T]]:
-    start = 0
-    for size in _CHUNK_SIZES:
-        while len(items) - start >= size:
-            yield items[start : start + size]
-            start += size
-
-
-@functools.cache
-def _insert_events_sql(rows: int, numbered: bool, returning: bool = True) -> str:
-    """One multi-row INSERT of `rows` events that skips ids already there and returns the
-    ids it inserted (unless not `returning`). Written out rather than built by SQLAlchemy,
-    which spent ~8 us a row on bind processing: the values go to the driver as they are.
-    `numbered`: $1, $2 parameters (asyncpg) instead of ? (sqlite3)."""
-    width = len(_EVENT_COLUMNS)
-    if numbered:
-        groups = (
-            "(" + ",".join(f"${r * width + c + 1}" for c in range(width)) + ")" for r in range(rows)
-        )
-    else:
-        groups = ("(" + ",".join("?" * width) + ")" for _ in range(rows))
-    return (
-        f"INSERT INTO {spend_events.name} ({','.join(_EVENT_COLUMNS)}) VALUES "
-        + ",".join(groups)
-        + " ON CONFLICT (id) DO NOTHING"
-        + (" RETURNING id" if returning else "")
-    )
-
-
-async def _insert_chunks(
-    connection: Any, events: list[SpendEvent], numbered: bool, returning: bool = True
-) -> list[Any]:
-    """The events as multi-row INSERTs of the fixed chunk sizes; each statement's result."""
-    results = []
-    for chunk in _fixed_chunks(events):
-        sql = _insert_events_sql(len(chunk), numbered, returning)
-        values = tuple(itertools.chain.from_iterable(chunk))
-        results.append(await connection.exec_driver_sql(sql, values))
-    return results
 
 
 # The most a single JSON statement of events carries (the last event may pass it).
@@ -155,11 +106,12 @@ class EventBuffer:
     """Events, each kept as one JSON array in a single growing buffer, with the cost they
     add up to per (key, period).
 
-    Why not a list of events: SQLite then takes a whole batch as one JSON text
-    (`json_each`), so a flush does no work per event in Python and binds one value instead
-    of ten per event while it holds the interpreter lock, which the event loop waited on.
-    Measured with the bench's keyed server at 32 connections: about 3 % more requests a
-    second, for the same CPU per request. Encoding costs about 0.2 us an event."""
+    Why not a list of events: the database then takes a whole batch as one JSON text, so a
+    flush does no work per event in Python, and binds one value instead of ten per event.
+    SQLite's driver binds while its thread holds the interpreter lock, which the event
+    loop waited on. Measured with the bench's keyed server (SQLite) at 32 connections:
+    about 3 % more requests a second, for less CPU per request. Encoding costs about
+    0.2 us an event."""
 
     __slots__ = ("_data", "count", "totals")
 
@@ -213,14 +165,38 @@ def _storable(event: SpendEvent) -> tuple[Any, ...]:
 
 
 @functools.cache
-def _insert_json_sql() -> str:
-    """SQLite: insert the events of one JSON array of rows (see `EventBuffer`), skipping ids
-    already there. `json_extract` parses each row once: SQLite caches the parse."""
-    picks = ",".join(f"json_extract(value,'$[{i}]')" for i in range(len(_EVENT_COLUMNS)))
-    return (
+def _insert_sql(sqlite: bool, returning: bool) -> str:
+    """Insert the events of one JSON array of rows (see `EventBuffer`), skipping ids already
+    there; `returning`: with (key_id, period, cost) of what was inserted (PostgreSQL adds
+    them up per key and period itself). Two statements per database, whatever the batch
+    sizes, so the driver's statement cache stays small. SQLite's `json_extract` parses
+    each row once (it caches the parse); PostgreSQL's `->>` reads the parsed array."""
+    if sqlite:
+        picks = ",".join(f"json_extract(value,'$[{i}]')" for i in range(len(_EVENT_COLUMNS)))
+        source = "json_each(?) WHERE true"  # `WHERE`: an upsert's SELECT needs one in SQLite
+    else:
+        casts = ("", "", "", "", "", "::int", "::int", "::float8", "::boolean", "::float8")
+        picks = ",".join(f"(r->>{i}){cast}" for i, cast in enumerate(casts))
+        source = "json_array_elements($1::json) AS r"
+    insert = (
         f"INSERT INTO {spend_events.name} ({','.join(_EVENT_COLUMNS)}) "
-        f"SELECT {picks} FROM json_each(?) WHERE true ON CONFLICT (id) DO NOTHING"
+        f"SELECT {picks} FROM {source} ON CONFLICT (id) DO NOTHING"
     )
+    if not returning:
+        return insert
+    if sqlite:
+        return insert + " RETURNING key_id, period, cost"
+    return (
+        f"WITH added AS ({insert} RETURNING key_id, period, cost) "
+        "SELECT key_id, period, sum(cost) FROM added GROUP BY key_id, period"
+    )
+
+
+def _buffered(events: Iterable[SpendEvent]) -> EventBuffer:
+    buffer = EventBuffer()
+    for event in events:
+        buffer.add(event)
+    return buffer
 
 
 class _AlreadyThere(Exception):
@@ -498,43 +474,45 @@ class SpendRecorder:
         """Write the events, and add the ones actually inserted to their key's totals, in
         one transaction; return what was added to each (key, period).
 
-        `checked` (a journal's replay) may well be in the database already: a multi-row
-        INSERT returns the ids it added. `fresh` (the buffer) almost never is: on SQLite it
-        goes in as JSON text (one statement for thousands of events, see `EventBuffer`), and
-        the row count proves none was there. Per-row steps (executemany, or RETURNING) would
-        hand the interpreter lock back and forth with the event loop's thread for every
-        row. If an id was there (a retry after a commit whose answer was lost), the
-        transaction is rolled back and every event checked. PostgreSQL's driver reports no
-        such count: there all are checked."""
+        Every event goes in as JSON text, thousands to a statement (see `EventBuffer`).
+        `checked` (a journal's replay) may well be in the database already: the INSERT
+        returns what it added. `fresh` (the buffer) almost never is: on SQLite the row count
+        proves none was there, without RETURNING, whose one step per row would hand the
+        interpreter lock back and forth with the event loop's thread for every row. If an
+        id was there (a retry after a commit whose answer was lost), the transaction is
+        rolled back and every event checked. PostgreSQL's driver reports no such count:
+        there all are checked, and the database adds up what was inserted."""
+        replayed = _buffered(checked)
         if fresh and self.db.is_sqlite:
             try:
-                return await self._write(checked, fresh)
+                return await self._write([replayed], fresh)
             except _AlreadyThere:
                 self.rechecks += 1  # rolled back
-        return await self._write([*checked, *fresh.events()], EventBuffer())
+        return await self._write([replayed, fresh], EventBuffer())
 
     async def _write(
-        self, checked: Sequence[SpendEvent], fresh: EventBuffer
+        self, checked: Sequence[EventBuffer], fresh: EventBuffer
     ) -> dict[_KeyPeriod, float]:
-        unique = {event.id: event for event in checked}
+        sqlite = self.db.is_sqlite
         # The dialect's own insert (for the totals), imported when first used: each process
         # loads one.
-        if self.db.is_sqlite:
+        if sqlite:
             from sqlalchemy.dialects.sqlite import insert
         else:
             from sqlalchemy.dialects.postgresql import insert  # type: ignore[assignment]
-        numbered = not self.db.is_sqlite
+        deltas: dict[_KeyPeriod, float] = {}
         async with self.db.begin() as connection:
-            inserted: list[SpendEvent] = []
-            for result in await _insert_chunks(connection, list(unique.values()), numbered):
-                inserted.extend(unique[row[0]] for row in result.fetchall())
+            for buffer in checked:
+                for text, _ in buffer.json_arrays():
+                    result = await connection.exec_driver_sql(_insert_sql(sqlite, True), (text,))
+                    for key_id, period, cost in result.fetchall():
+                        deltas[(key_id, period)] = deltas.get((key_id, period), 0.0) + cost
             for text, count in fresh.json_arrays():
-                result = await connection.exec_driver_sql(_insert_json_sql(), (text,))
+                result = await connection.exec_driver_sql(_insert_sql(sqlite, False), (text,))
                 if result.rowcount != count:
                     raise _AlreadyThere
-            deltas = dict(fresh.totals)
-            for event in inserted:
-                _add(deltas, event)
+            for kp, cost in fresh.totals.items():
+                deltas[kp] = deltas.get(kp, 0.0) + cost
             if deltas:
                 add_totals = insert(spend_totals)
                 add_totals = add_totals.on_conflict_do_update(
