@@ -19,7 +19,7 @@ from ballast.config import Settings
 from ballast.routing.router import ProxyRequest
 from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
 from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter
-from ballast.state.spend import SpendEvent, SpendRecorder, cost_of, period_of
+from ballast.state.spend import SpendRecorder, cost_of, period_of
 
 log = logging.getLogger("ballast.access")
 
@@ -288,7 +288,7 @@ class Access:
         now = self.clock.time()
         cost = 0.0 if cached else cost_of(self.prices, model, prompt, completion)
         self.spend.record(
-            SpendEvent(  # positional: a keyword call costs a tuple twice as much
+            (  # a SpendEvent's values: see `SpendRow`
                 f"{self._event_prefix}{next(self._event_ids):012x}",
                 ticket.key.id,
                 period_of(ticket.key.budget_period, now),

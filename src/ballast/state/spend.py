@@ -97,6 +97,10 @@ class SpendEvent(NamedTuple):
 
 _EVENT_COLUMNS = SpendEvent._fields
 
+# A `SpendEvent`'s values as a plain tuple, in column order: what the hot path records
+# (about 0.3 us less than making the named tuple, which the encoder would copy anyway).
+SpendRow = tuple[str, str, str, str, str | None, int, int, float, bool, float]
+
 
 # The most a single JSON statement of events carries (the last event may pass it).
 JSON_CHUNK_BYTES = 4 << 20
@@ -123,13 +127,15 @@ class EventBuffer:
     def __len__(self) -> int:
         return self.count
 
-    def add(self, event: SpendEvent) -> None:
+    def add(self, event: SpendEvent | SpendRow) -> None:
+        row = event if type(event) is tuple else tuple(event)  # the encoder takes no subclass
         try:
-            self._data += orjson.dumps(tuple(event), option=orjson.OPT_APPEND_NEWLINE)
+            self._data += orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
         except TypeError:  # a string no database could store (a lone surrogate)
-            self._data += orjson.dumps(_storable(event), option=orjson.OPT_APPEND_NEWLINE)
+            self._data += orjson.dumps(_storable(row), option=orjson.OPT_APPEND_NEWLINE)
         self.count += 1
-        _add(self.totals, event)
+        kp = (event[1], event[2])  # key_id, period
+        self.totals[kp] = self.totals.get(kp, 0.0) + event[7]  # cost
 
     def absorb(self, newer: EventBuffer) -> None:
         """Move `newer`'s events in after these, leaving it empty."""
@@ -158,9 +164,9 @@ class EventBuffer:
         ]
 
 
-def _storable(event: SpendEvent) -> tuple[Any, ...]:
+def _storable(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(
-        v.encode("utf-8", "replace").decode("utf-8") if isinstance(v, str) else v for v in event
+        v.encode("utf-8", "replace").decode("utf-8") if isinstance(v, str) else v for v in row
     )
 
 
@@ -218,8 +224,9 @@ def cost_of(
     price = prices.get(model)
     if price is None:
         return 0.0
-    prompt = max(0, prompt_tokens)
-    completion = max(0, completion_tokens)
+    # Conditionals, not max(): this runs for every answer, and each builtin call costs more.
+    prompt = prompt_tokens if prompt_tokens > 0 else 0
+    completion = completion_tokens if completion_tokens > 0 else 0
     return (prompt * price.input + completion * price.output) / 1_000_000
 
 
@@ -330,7 +337,7 @@ class SpendRecorder:
 
     # -- hot path ----------------------------------------------------------------------
 
-    def record(self, event: SpendEvent) -> None:
+    def record(self, event: SpendEvent | SpendRow) -> None:
         """Buffer one event (sync, O(1), never raises)."""
         try:
             self._pending.add(event)
