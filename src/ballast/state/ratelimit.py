@@ -226,18 +226,16 @@ _REDIS: Final = 2
 
 class Lease:
     """An admitted request. Hand it back with `RateLimiter.release` exactly once (a second
-    release is ignored). `headers` are OpenAI's x-ratelimit-* headers for the response."""
+    release is ignored). `headers` are OpenAI's x-ratelimit-* headers for the response,
+    built when it is admitted: every admitted request sends them."""
 
     __slots__ = (
-        "_headers",
         "_kind",
         "_lease_id",
         "_local",
-        "_rl",
-        "_snapshot",
-        "_tl",
         "_window",
         "estimated",
+        "headers",
         "key_id",
         "released",
     )
@@ -249,9 +247,7 @@ class Lease:
         estimated: int,
         window: int,
         lease_id: str,
-        rl: int | None,
-        tl: int | None,
-        snapshot: tuple[float, int, int, int, int],
+        headers: list[tuple[bytes, bytes]],
         local: _LocalKey | None = None,
     ) -> None:
         self._kind = kind
@@ -259,26 +255,14 @@ class Lease:
         self.estimated = estimated
         self._window = window
         self._lease_id = lease_id
-        self._rl = rl
-        self._tl = tl
-        self._snapshot = snapshot
+        self.headers = headers
         self._local = local
-        self._headers: list[tuple[bytes, bytes]] | None = None
         self.released = False
-
-    @property
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        if self._headers is None:
-            self._headers = _headers(self._rl, self._tl, *self._snapshot)
-        return self._headers
 
     @property
     def shared(self) -> bool:
         """True when Redis admitted it (the limit is shared by all instances)."""
         return self._kind == _REDIS
-
-
-_UNLIMITED_SNAPSHOT: Final = (0.0, 0, 0, 0, 0)
 
 
 class _LocalKey:
@@ -383,7 +367,7 @@ class RateLimiter:
         open), without a coroutine; None when Redis must be asked."""
         rpm, tpm, par = limits.rpm, limits.tpm, limits.max_parallel
         if rpm is None and tpm is None and par is None:
-            return Lease(_NONE, limits.key_id, 0, 0, "", None, None, _UNLIMITED_SNAPSHOT)
+            return Lease(_NONE, limits.key_id, 0, 0, "", [])
         store = self._store
         if store is not None:
             # An open breaker would refuse anyway; skipping the call keeps this ~1 us.
@@ -431,16 +415,16 @@ class RateLimiter:
             if tpm <= 0 or state.tp * weight + state.tc + need > tpm:
                 reason, retry = 2, _wait(state.tp, state.tc, need, tpm, into)
         if reason:
-            snap = (into, state.rc, state.rp, state.tc, state.tp)
-            raise RateLimited(_REASONS[reason], retry, _headers(rpm, tpm, *snap))
+            headers = _headers(rpm, tpm, into, state.rc, state.rp, state.tc, state.tp)
+            raise RateLimited(_REASONS[reason], retry, headers)
         state.rc += 1
         state.tc += cost
         slot = ""
         if par is not None:
             state.inflight += 1
             slot = "local"
-        snap = (into, state.rc, state.rp, state.tc, state.tp)
-        return Lease(_LOCAL, limits.key_id, cost, window, slot, rpm, tpm, snap, state)
+        headers = _headers(rpm, tpm, into, state.rc, state.rp, state.tc, state.tp)
+        return Lease(_LOCAL, limits.key_id, cost, window, slot, headers, state)
 
     def _prune_local(self, window: int) -> None:
         stale = [k for k, s in self._local.items() if s.window < window - 1 and s.inflight <= 0]
@@ -476,10 +460,10 @@ class RateLimiter:
                 self._keep(key_id, pending)
             raise
         reason, window, into_ms, rc, rp, tc, tp, _inflight, retry_ms = reply
-        snap = (into_ms / 1000.0, rc, rp, tc, tp)
+        headers = _headers(rpm, tpm, into_ms / 1000.0, rc, rp, tc, tp)
         if reason:
-            raise RateLimited(_REASONS[reason], retry_ms / 1000.0, _headers(rpm, tpm, *snap))
-        return Lease(_REDIS, key_id, cost, window, lease_id, rpm, tpm, snap)
+            raise RateLimited(_REASONS[reason], retry_ms / 1000.0, headers)
+        return Lease(_REDIS, key_id, cost, window, lease_id, headers)
 
     def _send_asks(self) -> None:
         asks, self._asks = self._asks, []
