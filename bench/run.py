@@ -33,6 +33,13 @@ from stream_client import StreamResult
 
 CONNECTIONS = [1, 8, 32, 64]
 CONCURRENCIES = [8, 32]
+# The ratio targets, measured again in adjacent pairs (see `measure_pairs`): the variant,
+# its baseline, and the connections each gets (two workers: the same 32 per worker).
+PAIRS = [
+    ("ballast+keys", "ballast", 32, 32),
+    ("ballast+keys+redis", "ballast", 32, 32),
+    ("ballast-2w", "ballast", 64, 32),
+]
 
 
 @dataclass(frozen=True)
@@ -41,15 +48,19 @@ class Plan:
     stream_seconds: float
     repeats: int
     budget_seconds: float  # measuring stops starting new repetitions past this
+    pair_rounds: int  # adjacent pairs per ratio target
+    pair_seconds: float
 
     @staticmethod
     def of(args: argparse.Namespace) -> Plan:
-        plan = Plan(3, 2, 1, 150) if args.quick else Plan(8, 3, 3, 540)
+        plan = Plan(3, 2, 1, 150, 2, 3) if args.quick else Plan(8, 3, 3, 540, 7, 4)
         return Plan(
             args.duration or plan.wrk_seconds,
             args.stream_duration or plan.stream_seconds,
             args.repeats or plan.repeats,
             plan.budget_seconds,
+            plan.pair_rounds if args.pairs is None else args.pairs,
+            plan.pair_seconds,
         )
 
 
@@ -70,6 +81,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, help="seconds per wrk run")
     parser.add_argument("--stream-duration", type=float, help="seconds per streaming run")
     parser.add_argument("--repeats", type=int, help="repetitions per cell (median is kept)")
+    parser.add_argument(
+        "--pairs", type=int, help="adjacent pairs per ratio target (0: ratios from cells only)"
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp dir of logs")
     args = parser.parse_args(argv)
     names = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -228,6 +242,35 @@ def measure(live: list[tg.Target], res: Results, plan: Plan) -> None:
     _drop_dead(live, res)
 
 
+def measure_pairs(live: list[tg.Target], res: Results, plan: Plan) -> None:
+    """The ratio targets once more, as adjacent pairs: the variant and its baseline back to
+    back, in alternating order, and the median of the pairs' ratios. On a shared machine
+    the speed drifts by several percent within minutes, and two cells of the matrix above
+    can be minutes apart; a pair's two runs are seconds apart, so the drift mostly cancels
+    in its ratio."""
+    by_name = {t.name: t for t in live}
+    for variant, baseline, v_conns, b_conns in PAIRS:
+        for rnd in range(plan.pair_rounds):
+            live = _drop_dead(live, res)
+            names = {t.name for t in live}
+            if variant not in names or baseline not in names:
+                break
+            order = [(baseline, b_conns), (variant, v_conns)]
+            rps: dict[str, float] = {}
+            for name, conns in order if rnd % 2 == 0 else order[::-1]:
+                t = by_name[name]
+                try:
+                    rps[name] = run_wrk(t.url, conns, plan.pair_seconds, t.key).rps
+                except _RUN_ERRORS as exc:
+                    res.failed[name] = f"paired wrk at {conns} connections: {exc}".splitlines()[0]
+                    break
+                wait_idle(t.pid)
+            if len(rps) == 2 and rps[baseline]:
+                ratio = rps[variant] / rps[baseline]
+                res.pairs.setdefault((variant, baseline), []).append(ratio)
+                _log(f"[pair {rnd + 1}/{plan.pair_rounds}] {variant} / {baseline}: {ratio:.3f}")
+
+
 def _version(cmd: list[str]) -> str:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
@@ -265,6 +308,9 @@ def header(plan: Plan, res: Results, quick: bool) -> list[str]:
         f"- Each cell: wrk {plan.wrk_seconds:g} s / streams {plan.stream_seconds:g} s, "
         f"median of {res.repetitions or plan.repeats} repetition(s), targets interleaved in "
         "rotating order",
+        f"- Ratio targets: also {plan.pair_rounds} adjacent pairs each (wrk "
+        f"{plan.pair_seconds:g} s, variant and baseline back to back, order alternating); "
+        "the check reads the median of the pairs' ratios and shows the cells' ratio beside it",
         "- One worker per gateway unless the name says otherwise; added latency = target "
         "minus direct in the same run; CPU ms/req = the target's process tree user+system "
         "CPU / requests; peak RSS = sum of VmHWM over the target's process tree",
@@ -307,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif t.note:
                     res.notes[t.name] = t.note
             measure(live, res, plan)
+            measure_pairs(live, res, plan)
             for t in live:
                 _note_rss(t, res)
         failed = False
