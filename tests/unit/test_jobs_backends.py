@@ -3,6 +3,8 @@ terminal; the execution timeout goes down to the remote the way each protocol al
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -203,3 +205,24 @@ def test_jobs_config_is_validated_and_its_secrets_masked() -> None:
             environ={},
         )
     assert any(line.startswith("jobs.backends.gpu.protocol") for line in bad.value.errors)
+
+
+def test_a_gateway_loads_aiohttp_only_when_a_job_backend_sends() -> None:
+    """aiohttp is about 8 MB of a worker's memory, and most gateways run no jobs."""
+    script = (
+        "import asyncio, sys, ballast.cli, ballast.app, ballast.serving\n"
+        "from ballast.config import JobBackendSettings\n"
+        "from ballast.jobs.backends import build\n"
+        "settings = JobBackendSettings(protocol='runpod', url='http://127.0.0.1:9')\n"
+        "backend = build('rp', settings, '')\n"
+        "print('aiohttp' in sys.modules)\n"
+        "async def send():\n"
+        "    backend.session()\n"
+        "    await backend.close()\n"
+        "asyncio.run(send())\n"
+        "print('aiohttp' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["False", "True"]

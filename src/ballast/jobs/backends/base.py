@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import aiohttp
 import orjson
 
 from ballast.config import JobBackendSettings
+
+if TYPE_CHECKING:
+    import aiohttp
 
 # `alive` is an answer the protocol does not know: a heartbeat, never a verdict.
 RemoteState = Literal["queued", "running", "succeeded", "failed", "cancelled", "alive"]
@@ -128,6 +130,10 @@ class HttpBackend:
         return headers
 
     def session(self) -> aiohttp.ClientSession:
+        # Imported here, not with the module: aiohttp is about 14 MB of a worker's memory,
+        # and only a gateway that runs jobs on such a backend needs it.
+        import aiohttp
+
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=30),
@@ -142,6 +148,8 @@ class HttpBackend:
         body: Any = None,
         extra_headers: dict[str, str] | None = None,
     ) -> Any:
+        import aiohttp  # see `session`
+
         headers = self.headers()
         if extra_headers:
             headers.update(extra_headers)
