@@ -130,7 +130,7 @@ class HttpBackend:
         return headers
 
     def session(self) -> aiohttp.ClientSession:
-        # Imported here, not with the module: aiohttp is about 14 MB of a worker's memory,
+        # Imported here, not with the module: aiohttp is about 8 MB of a worker's memory,
         # and only a gateway that runs jobs on such a backend needs it.
         import aiohttp
 
