@@ -21,12 +21,12 @@ from ballast.api.errors import ApiError
 from ballast.api.jobs import JobsApi
 from ballast.api.keys_admin import KeysAdmin
 from ballast.api.openai import OpenAIHandlers
-from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import Settings
 from ballast.heap import settle_after_startup
 from ballast.jobs.dispatcher import Dispatcher
 from ballast.jobs.store import JobStore
 from ballast.observe.hub import Observer
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.routing.router import Router
 from ballast.state.hub import StateHub
 

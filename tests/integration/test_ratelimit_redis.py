@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as redis
 
 from ballast.config import RedisBreakerSettings, StateSettings
-from ballast.routing.breaker import BreakerState
+from ballast.resilience.breaker import BreakerState
 from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter
 from ballast.state.store import RedisStore
 from tests.faultproxy import FaultProxy

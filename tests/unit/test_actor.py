@@ -22,7 +22,7 @@ import ballast.actor.server as actor_server
 from ballast.actor.runs import Ended, Run
 from ballast.actor.server import ActorServer, start_actor
 from ballast.actor.tokens import TokenIssuer
-from ballast.clock import ManualClock
+from ballast.resilience.clock import ManualClock
 from ballast.sim.server import SimServer, start_sim
 
 CONTROL = "control-secret-for-tests-0123456789"

@@ -10,14 +10,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ballast.clock import ManualClock
-from ballast.routing.breaker import (
+from ballast.resilience.breaker import (
     BreakerConfig,
     BreakerOpenError,
     BreakerState,
     CircuitBreaker,
     Permit,
 )
+from ballast.resilience.clock import ManualClock
 
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ballast.clock import ManualClock
-from ballast.routing.budget import RetryBudget, backoff_delay, parse_retry_after
+from ballast.resilience.clock import ManualClock
+from ballast.resilience.retry import RetryBudget, backoff_delay, parse_retry_after
 
 
 def drain(budget: RetryBudget, limit: int = 10_000) -> int:

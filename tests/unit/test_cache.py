@@ -17,8 +17,8 @@ from ballast.cache.keys import cache_key, normalise
 from ballast.cache.replay import assemble, is_complete, pieces, replay, split_events
 from ballast.cache.service import BYPASS, DEFAULT, HIT, MISS, NO_STORE, OFF, REFRESH, ResponseCache
 from ballast.cache.store import LocalCacheStore
-from ballast.clock import ManualClock
 from ballast.config import CacheSettings
+from ballast.resilience.clock import ManualClock
 from ballast.routing.router import ProxyRequest
 
 CHAT = "/chat/completions"

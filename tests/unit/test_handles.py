@@ -10,8 +10,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from ballast.clock import ManualClock
-from ballast.routing.handles import Handle, HandleCache, HandleUnavailable, Key
+from ballast.resilience.clock import ManualClock
+from ballast.resilience.handles import Handle, HandleCache, HandleUnavailable, Key
 
 KEY: Key = ("cred", "model")
 

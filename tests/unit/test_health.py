@@ -11,12 +11,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from ballast.clock import ManualClock
+from ballast.resilience.clock import ManualClock
+from ballast.resilience.window import SlidingWindow
 from ballast.routing.health import (
     ERROR_PENALTY,
     NEUTRAL_LATENCY,
     DeploymentHealth,
-    SlidingWindow,
     choose,
 )
 

@@ -431,8 +431,8 @@ async def test_a_full_pool_is_busy_not_failing(serve) -> None:  # type: ignore[n
     """The deployment's bulkhead being full says nothing about its health: the router fails
     over without counting it against the deployment's breaker."""
     from ballast.config import Deployment, Timeouts, UpstreamSettings
-    from ballast.routing import classify
-    from ballast.routing.classify import Failure
+    from ballast.resilience import failures
+    from ballast.resilience.failures import Failure
     from ballast.upstream.client import Upstream
 
     _, origin = await serve(answer(OK))
@@ -442,7 +442,7 @@ async def test_a_full_pool_is_busy_not_failing(serve) -> None:  # type: ignore[n
     held = await upstream.post("/chat/completions", b"{}")
     with pytest.raises(Failure) as caught:
         await upstream.post("/chat/completions", b"{}")
-    assert caught.value.kind is classify.POOL_TIMEOUT
+    assert caught.value.kind is failures.POOL_TIMEOUT
     assert not caught.value.kind.health_failure
     await held.read()
     held.release()

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from ballast.clock import ManualClock
 from ballast.config import JobBackendSettings, JobBreakerSettings, JobsSettings
 from ballast.jobs.dispatcher import Dispatcher
 from ballast.jobs.store import Job, JobStore, SlotsFull
-from ballast.routing.breaker import BreakerState
+from ballast.resilience.breaker import BreakerState
+from ballast.resilience.clock import ManualClock
 from ballast.sim.jobs import SIM_JOBS, JobsSim
 from ballast.sim.server import SimServer, start_sim
 from ballast.state.db import Database

@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from ballast.clock import ManualClock
 from ballast.config import JobBackendSettings, JobBreakerSettings, JobsSettings
 from ballast.jobs.backends.base import NotFound, RateLimited, Remote, Unreachable
 from ballast.jobs.backends.runpod import parse
 from ballast.jobs.dispatcher import Dispatcher
 from ballast.jobs.store import ACTIVE, JobStore, QueueFull, SlotsFull
+from ballast.resilience.clock import ManualClock
 from ballast.state.db import Database
 from ballast.state.schema import metadata
 

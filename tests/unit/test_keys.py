@@ -11,8 +11,8 @@ import sqlalchemy as sa
 
 from ballast.api.access import Access
 from ballast.api.errors import ApiError
-from ballast.clock import ManualClock
 from ballast.config import Settings
+from ballast.resilience.clock import ManualClock
 from ballast.state.db import Database
 from ballast.state.keys import KeyService, KeysUnavailable, hash_key
 from ballast.state.ratelimit import RateLimiter

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ballast.clock import ManualClock
 from ballast.config import RedisBreakerSettings, StateSettings
+from ballast.resilience.clock import ManualClock
 from ballast.state.ratelimit import (
     Lease,
     Limits,

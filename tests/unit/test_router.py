@@ -7,11 +7,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from ballast.clock import ManualClock
 from ballast.config import parse_settings
-from ballast.routing import classify
-from ballast.routing.breaker import Permit
-from ballast.routing.classify import Failure
+from ballast.resilience import failures
+from ballast.resilience.breaker import Permit
+from ballast.resilience.clock import ManualClock
+from ballast.resilience.failures import Failure
 from ballast.routing.router import Attempted, ProxyRequest, Router, Target
 
 URL = "http://127.0.0.1:9/v1"
@@ -36,7 +36,7 @@ def failing_primary(
     async def attempt(target: Target, permit: Permit, model: str, state: Attempted) -> str:
         calls.append(target.id)
         if target.id == "p":
-            failure = Failure(classify.SERVER_ERROR, "upstream answered 500", status=500)
+            failure = Failure(failures.SERVER_ERROR, "upstream answered 500", status=500)
             router.judge(target, permit, failure)
             raise failure
         return target.id
@@ -76,7 +76,7 @@ async def test_the_primary_is_always_tried_once_even_with_one_attempt() -> None:
     with pytest.raises(Failure) as info:
         await router.run(REQUEST, group, failing_primary(router, calls))
     assert calls == ["p"]
-    assert info.value.kind is classify.SERVER_ERROR
+    assert info.value.kind is failures.SERVER_ERROR
 
 
 async def test_without_fallbacks_the_group_gets_every_attempt() -> None:
@@ -117,7 +117,7 @@ async def test_default_settings_absorb_thirty_percent_random_5xx_under_sustained
 
     async def attempt(target: Target, permit: Permit, model: str, state: Attempted) -> str:
         if faults.random() < 0.3:
-            failure = Failure(classify.SERVER_ERROR, "upstream answered 500", status=500)
+            failure = Failure(failures.SERVER_ERROR, "upstream answered 500", status=500)
             router.judge(target, permit, failure)
             raise failure
         target.breaker.record_success(permit)

@@ -12,8 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from ballast.api.access import Access, Ticket, token_counts
-from ballast.clock import ManualClock
 from ballast.config import Settings
+from ballast.resilience.clock import ManualClock
 from ballast.state.db import Database
 from ballast.state.keys import KeyRecord, KeyService
 from ballast.state.ratelimit import RateLimiter

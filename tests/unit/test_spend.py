@@ -19,8 +19,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from ballast.clock import ManualClock
 from ballast.config import ModelPrice
+from ballast.resilience.clock import ManualClock
 from ballast.state import spend
 from ballast.state.db import Database
 from ballast.state.schema import spend_events, spend_totals

@@ -32,7 +32,7 @@ from yarl import URL
 
 from ballast.actor.runs import Ended, Run, RunRegistry
 from ballast.actor.tokens import INVALID_TOKEN, TokenError, TokenIssuer
-from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from enum import Enum
 
-from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 
 logger = logging.getLogger(__name__)
 

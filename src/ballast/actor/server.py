@@ -9,7 +9,7 @@ import logging
 from ballast.actor.app import ACTOR, create_app
 from ballast.actor.runs import RunRegistry
 from ballast.aioweb import RunningService, start_site, wait_for_stop_signal
-from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 
 logger = logging.getLogger(__name__)
 

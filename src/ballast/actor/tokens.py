@@ -11,7 +11,7 @@ from typing import Any
 
 import jwt
 
-from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 
 ALGORITHM = "HS256"
 INVALID_TOKEN = "invalid_token"

@@ -14,8 +14,8 @@ from typing import Any
 
 from ballast.api.asgi import Scope, header
 from ballast.api.errors import ApiError
-from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import Settings
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.routing.router import ProxyRequest
 from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
 from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter

@@ -4,16 +4,12 @@ notice a client that went away."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 from ballast.api.errors import ApiError
+from ballast.types import Handler, Message, Receive, Scope, Send
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+__all__ = ["Handler", "Message", "Receive", "Scope", "Send"]
+
 
 JSON = (b"content-type", b"application/json")
 EVENT_STREAM = (b"content-type", b"text/event-stream")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 
-from ballast.routing.classify import Failure
+from ballast.resilience.failures import Failure
 
 
 class ApiError(Exception):

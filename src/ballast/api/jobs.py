@@ -21,10 +21,10 @@ from ballast.api.asgi import (
     send_error,
 )
 from ballast.api.errors import ApiError, bad_request
-from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import JobsSettings
 from ballast.jobs.dispatcher import Dispatcher
 from ballast.jobs.store import TERMINAL, Job, JobStore, QueueFull, SlotsFull
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.keys import KeyRecord
 
 ANONYMOUS = KeyRecord(id="anonymous", name="open mode")

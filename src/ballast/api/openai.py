@@ -38,7 +38,7 @@ from ballast.api.caching import (
 )
 from ballast.api.errors import ApiError, bad_request, from_failure, model_not_found
 from ballast.cache.replay import is_complete
-from ballast.routing.classify import Failure
+from ballast.resilience.failures import Failure
 from ballast.routing.relay import Relay
 from ballast.routing.router import ProxyRequest, Router, is_passthrough
 

@@ -9,7 +9,7 @@ import zlib
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Protocol
 
-from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.store import RedisStore, StoreUnavailable
 
 if TYPE_CHECKING:  # redis is imported only when a Redis URL is configured

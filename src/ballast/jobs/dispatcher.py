@@ -18,7 +18,6 @@ import random
 import uuid
 from typing import Any
 
-from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import JobBackendSettings, JobsSettings
 from ballast.jobs.backends import build
 from ballast.jobs.backends.base import (
@@ -31,7 +30,8 @@ from ballast.jobs.backends.base import (
 )
 from ballast.jobs.progress import estimate
 from ballast.jobs.store import Job, JobStore
-from ballast.routing.breaker import BreakerConfig, CircuitBreaker, Permit
+from ballast.resilience.breaker import BreakerConfig, CircuitBreaker, Permit
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("ballast.jobs")
 

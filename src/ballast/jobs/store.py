@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.db import Database
 from ballast.state.schema import jobs
 

@@ -10,9 +10,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from ballast.api.asgi import Message, Send
 from ballast.observe.logs import access_logged, log_event, log_request
 from ballast.observe.metrics import Metrics
+from ballast.types import Message, Send
 
 # Events worth a log line and a place on the dashboard; "retry" is only counted.
 NOTABLE = frozenset(

@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from ballast.routing import classify
-from ballast.routing.classify import Failure
+from ballast.resilience import failures
+from ballast.resilience.failures import Failure
 from ballast.routing.router import Attempted, ProxyRequest, Router, Target
 from ballast.upstream.exchange import UpstreamStream
 from ballast.upstream.sse import event_data
@@ -153,7 +153,7 @@ class Relay:
                         out = self._filter(pending)
                     except _Diverged:
                         self._end(ok=False)
-                        original = self._original or Failure(classify.STREAM_CUT, "diverged")
+                        original = self._original or Failure(failures.STREAM_CUT, "diverged")
                         self.ending = True
                         yield error_event(original, "the continuation diverged from the answer")
                         return
@@ -190,7 +190,7 @@ class Relay:
         return b"".join(out)
 
     def _detail(self, failure: Failure) -> str:
-        if failure.kind is classify.INTER_CHUNK_TIMEOUT:
+        if failure.kind is failures.INTER_CHUNK_TIMEOUT:
             return "no data within the inter-chunk timeout and no deployment could continue"
         return "the connection ended before the answer finished and no deployment could continue"
 

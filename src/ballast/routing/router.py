@@ -20,14 +20,14 @@ from typing import Any, TypeVar
 
 import orjson
 
-from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import Deployment, ModelGroup, Settings
 from ballast.observe.tracing import build_tracer
-from ballast.routing import classify
-from ballast.routing.breaker import BreakerConfig, CircuitBreaker, Permit
-from ballast.routing.budget import RetryBudget, backoff_delay
-from ballast.routing.classify import Action, Failure
-from ballast.routing.handles import HandleCache, HandleUnavailable
+from ballast.resilience import failures
+from ballast.resilience.breaker import BreakerConfig, CircuitBreaker, Permit
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.failures import Action, Failure
+from ballast.resilience.handles import HandleCache, HandleUnavailable
+from ballast.resilience.retry import RetryBudget, backoff_delay
 from ballast.routing.health import DeploymentHealth, choose
 from ballast.state.db import Database
 from ballast.state.sessions import SessionStore
@@ -266,7 +266,7 @@ class Router:
             if (
                 index == 0
                 and last is not None
-                and last.kind is classify.RATE_LIMITED
+                and last.kind is failures.RATE_LIMITED
                 and last.retry_after is not None
                 and len(chain) > 1
                 and last.retry_after <= routing.max_retry_after_wait
@@ -341,7 +341,7 @@ class Router:
                 if state.count > 0 and not self.budget.try_withdraw():
                     target.breaker.release(permit)
                     state.failures.append(
-                        Failure(classify.BUDGET_EXHAUSTED, "retry budget exhausted")
+                        Failure(failures.BUDGET_EXHAUSTED, "retry budget exhausted")
                     )
                     raise _GroupExhausted
                 if round_number > 0:
@@ -376,7 +376,7 @@ class Router:
             round_number += 1
 
     def _final_failure(self, state: Attempted, primary: ModelGroup) -> Failure:
-        real = [f for f in state.failures if f.kind is not classify.BUDGET_EXHAUSTED]
+        real = [f for f in state.failures if f.kind is not failures.BUDGET_EXHAUSTED]
         if real:
             return real[-1]
         waits = [t.breaker.retry_after() for t in self._by_group[primary.name] if not t.drained]
@@ -384,7 +384,7 @@ class Router:
         if state.failures:
             return state.failures[-1]
         return Failure(
-            classify.UNAVAILABLE,
+            failures.UNAVAILABLE,
             f"every deployment of '{primary.name}' is unavailable",
             retry_after=max(1.0, retry_after),
         )
@@ -395,11 +395,11 @@ class Router:
         """Tell the breaker what a failure says about the deployment."""
         kind = failure.kind
         breaker = target.breaker
-        if kind is classify.RATE_LIMITED:
+        if kind is failures.RATE_LIMITED:
             breaker.release(permit)
             breaker.force_open(failure.retry_after or self.settings.routing.rate_limit_cooldown)
             self.on_event("cooldown", {"deployment": target.id, "seconds": failure.retry_after})
-        elif kind is classify.UPSTREAM_AUTH:
+        elif kind is failures.UPSTREAM_AUTH:
             breaker.release(permit)
             breaker.force_open(self.settings.routing.auth_cooldown)
             log.error(
@@ -408,7 +408,7 @@ class Router:
                 failure.status,
                 self.settings.routing.auth_cooldown,
             )
-        elif kind is classify.POOL_TIMEOUT:
+        elif kind is failures.POOL_TIMEOUT:
             breaker.release(permit)
         elif kind.health_failure:
             breaker.record_failure(permit, failure.retry_after)
@@ -470,7 +470,7 @@ class Router:
             return await call(Route(handle.endpoint, handle.token))
         except HandleUnavailable as exc:
             raise Failure(
-                classify.HANDLE_UNAVAILABLE,
+                failures.HANDLE_UNAVAILABLE,
                 str(exc),
                 retry_after=exc.retry_after,
                 deployment=target.id,
@@ -692,11 +692,11 @@ async def _first_success(
 
 def needs_new_handle(failure: Failure) -> bool:
     if failure.status == 409:
-        return classify.error_code(failure.body) == "sampling_run_inactive"
+        return failures.error_code(failure.body) == "sampling_run_inactive"
     if failure.status == 401:
-        return classify.error_code(failure.body) in ("token_expired", "invalid_token")
+        return failures.error_code(failure.body) in ("token_expired", "invalid_token")
     if failure.status == 404:
-        return classify.error_code(failure.body) == "run_not_found"  # the actor restarted
+        return failures.error_code(failure.body) == "run_not_found"  # the actor restarted
     return False
 
 

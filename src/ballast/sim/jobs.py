@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ballast.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 
 UNREACHABLE_MODES = ("503", "hang", "reset")
 HANG_POLL = 0.02

@@ -9,8 +9,8 @@ from typing import Any
 
 from ballast.cache.service import ResponseCache
 from ballast.cache.store import CacheStore, LocalCacheStore, RedisCacheStore
-from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import Settings
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.db import Database
 from ballast.state.keys import KeyService
 from ballast.state.ratelimit import RateLimiter

@@ -65,8 +65,8 @@ import os
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
-from ballast.clock import SYSTEM_CLOCK, Clock
-from ballast.routing.breaker import BreakerState
+from ballast.resilience.breaker import BreakerState
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.resp import Command, ReplyError, is_no_script
 from ballast.state.store import RedisStore, StoreUnavailable
 

@@ -12,8 +12,8 @@ from dataclasses import asdict
 
 import orjson
 
-from ballast.clock import SYSTEM_CLOCK, Clock
-from ballast.routing.handles import Handle, HandleUnavailable, Key
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.handles import Handle, HandleUnavailable, Key
 from ballast.state.store import RedisStore, StoreUnavailable
 
 # Delete the shared handle only if it is still the one that failed (compare-and-delete).

@@ -38,8 +38,8 @@ from typing import Any, NamedTuple
 import orjson
 import sqlalchemy as sa
 
-from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import ModelPrice
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.db import Database
 from ballast.state.schema import spend_events, spend_totals
 from ballast.state.store import RedisStore, StoreUnavailable

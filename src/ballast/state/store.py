@@ -8,9 +8,9 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ballast.clock import SYSTEM_CLOCK, Clock
 from ballast.config import StateSettings
-from ballast.routing.breaker import BreakerConfig, BreakerOpenError, BreakerState, CircuitBreaker
+from ballast.resilience.breaker import BreakerConfig, BreakerOpenError, BreakerState, CircuitBreaker
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:  # redis is imported only when a Redis URL is configured
     import redis.asyncio as redis

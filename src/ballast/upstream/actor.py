@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import uuid
 
-from ballast.routing import classify
-from ballast.routing.classify import Failure
-from ballast.routing.handles import Handle, Key
+from ballast.resilience import failures
+from ballast.resilience.failures import Failure
+from ballast.resilience.handles import Handle, Key
 from ballast.state.sessions import SessionStore
 from ballast.upstream.client import Upstream
 
@@ -29,7 +29,7 @@ class ActorRuns:
         )
         if status not in (200, 201) or not isinstance(data, dict):
             raise Failure(
-                classify.HANDLE_UNAVAILABLE,
+                failures.HANDLE_UNAVAILABLE,
                 f"the actor refused a new run ({status})",
                 status=status,
                 deployment=self.upstream.id,
@@ -45,7 +45,7 @@ class ActorRuns:
             )
         except (KeyError, TypeError, ValueError):
             raise Failure(
-                classify.HANDLE_UNAVAILABLE,
+                failures.HANDLE_UNAVAILABLE,
                 "the actor sent an unusable run",
                 deployment=self.upstream.id,
             ) from None

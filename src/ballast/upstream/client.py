@@ -11,8 +11,8 @@ import orjson
 
 from ballast import __version__
 from ballast.config import Deployment, Timeouts, UpstreamSettings
-from ballast.routing import classify
-from ballast.routing.classify import Failure
+from ballast.resilience import failures
+from ballast.resilience.failures import Failure
 from ballast.upstream import http1
 from ballast.upstream.http1 import (
     Pool,
@@ -168,11 +168,11 @@ class Upstream:
     ) -> Response:
         pool = self._pool
         if pool is None:
-            raise Failure(classify.CONNECT, "deployment is not started", deployment=self.id)
+            raise Failure(failures.CONNECT, "deployment is not started", deployment=self.id)
         try:
             origin, target = split_url(url)
         except ValueError:
-            raise Failure(classify.CONNECT, "not a usable URL", deployment=self.id) from None
+            raise Failure(failures.CONNECT, "not a usable URL", deployment=self.id) from None
         parts = [method.encode(), b" ", target, b" HTTP/1.1\r\n", origin.host_header]
         parts.append(self._fixed_lines)
         if not own_auth:
@@ -185,18 +185,18 @@ class Upstream:
         try:
             return await pool.request(origin, b"".join(parts), body or b"")
         except http1.ConnectTimeout:
-            raise Failure(classify.CONNECT, "connect timeout", deployment=self.id) from None
+            raise Failure(failures.CONNECT, "connect timeout", deployment=self.id) from None
         except http1.PoolTimeout:
             # Our bulkhead is full: the deployment is busy, not failing.
             raise Failure(
-                classify.POOL_TIMEOUT, "no free pooled connection", deployment=self.id
+                failures.POOL_TIMEOUT, "no free pooled connection", deployment=self.id
             ) from None
         except http1.ConnectFailed:
-            raise Failure(classify.CONNECT, "connection refused", deployment=self.id) from None
+            raise Failure(failures.CONNECT, "connection refused", deployment=self.id) from None
         except http1.BadResponse:
-            raise Failure(classify.BAD_RESPONSE, "malformed response", deployment=self.id) from None
+            raise Failure(failures.BAD_RESPONSE, "malformed response", deployment=self.id) from None
         except http1.HttpError:
-            raise Failure(classify.RESET, "connection reset", deployment=self.id) from None
+            raise Failure(failures.RESET, "connection reset", deployment=self.id) from None
 
     async def call_json(self, method: str, url: str, payload: Any | None = None) -> tuple[int, Any]:
         """A small control-plane call (create or release a remote resource) on the same pool."""
@@ -213,13 +213,13 @@ class Upstream:
                     response.release()
         except TimeoutError:
             raise Failure(
-                classify.REQUEST_TIMEOUT, "control call timed out", deployment=self.id
+                failures.REQUEST_TIMEOUT, "control call timed out", deployment=self.id
             ) from None
         except http1.HttpError:
-            raise Failure(classify.CONNECT, "control call failed", deployment=self.id) from None
+            raise Failure(failures.CONNECT, "control call failed", deployment=self.id) from None
         except Failure as failure:
             raise Failure(
-                classify.CONNECT, f"control call failed: {failure.message}", deployment=self.id
+                failures.CONNECT, f"control call failed: {failure.message}", deployment=self.id
             ) from None
         try:
             data = orjson.loads(raw) if raw else None
@@ -232,7 +232,7 @@ def _bearer_line(token: str) -> bytes:
     try:
         return header_line("authorization", f"Bearer {token}")
     except ValueError:
-        raise Failure(classify.CONNECT, "a run's token is not a valid header value") from None
+        raise Failure(failures.CONNECT, "a run's token is not a valid header value") from None
 
 
 def _request_id_line(request_id: str) -> bytes:

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import orjson
 
-from ballast.clock import Clock
-from ballast.routing import classify
-from ballast.routing.budget import parse_retry_after
-from ballast.routing.classify import Failure
+from ballast.resilience import failures
+from ballast.resilience.clock import Clock
+from ballast.resilience.failures import Failure
+from ballast.resilience.retry import parse_retry_after
 from ballast.upstream.client import Route, Upstream, relay_headers
 from ballast.upstream.http1 import HttpError, Response
 from ballast.upstream.sse import DONE, SseSplitter, StreamState, event_data
@@ -140,7 +140,7 @@ async def _failure_from(response: Response, upstream: Upstream, clock: Clock) ->
         body = b""
     finally:
         response.release()
-    return classify.failure_for_status(
+    return failures.failure_for_status(
         response.status, body, relay_headers(response), _retry_after(response, clock), upstream.id
     )
 
@@ -157,7 +157,7 @@ async def fetch(
     """A non-streaming exchange that must finish before `deadline` (monotonic)."""
     budget = min(deadline - clock.monotonic(), upstream.timeouts.answer)
     if budget <= 0:
-        raise Failure(classify.REQUEST_TIMEOUT, "request deadline passed", deployment=upstream.id)
+        raise Failure(failures.REQUEST_TIMEOUT, "request deadline passed", deployment=upstream.id)
     loop = asyncio.get_running_loop()
     try:
         with _Deadline(loop, loop.time() + budget):
@@ -168,7 +168,7 @@ async def fetch(
                 data = await response.read()
             except HttpError:
                 raise Failure(
-                    classify.RESET,
+                    failures.RESET,
                     "connection lost while reading the answer",
                     deployment=upstream.id,
                 ) from None
@@ -176,7 +176,7 @@ async def fetch(
                 response.release()  # to the pool when read to its end, else dropped
     except TimeoutError:
         raise Failure(
-            classify.REQUEST_TIMEOUT,
+            failures.REQUEST_TIMEOUT,
             f"no complete answer within {budget:.1f}s",
             deployment=upstream.id,
         ) from None
@@ -184,11 +184,11 @@ async def fetch(
         payload = orjson.loads(data)
     except orjson.JSONDecodeError:
         raise Failure(
-            classify.BAD_RESPONSE, "upstream sent a non-JSON answer", deployment=upstream.id
+            failures.BAD_RESPONSE, "upstream sent a non-JSON answer", deployment=upstream.id
         ) from None
     if not isinstance(payload, dict):
         raise Failure(
-            classify.BAD_RESPONSE, "upstream sent a non-object answer", deployment=upstream.id
+            failures.BAD_RESPONSE, "upstream sent a non-object answer", deployment=upstream.id
         )
     return Reply(response.status, relay_headers(response), data, payload)
 
@@ -247,15 +247,15 @@ class UpstreamStream:
                         chunk = await content.readany()
             except TimeoutError:
                 raise Failure(
-                    classify.INTER_CHUNK_TIMEOUT
+                    failures.INTER_CHUNK_TIMEOUT
                     if self.state.data_events
-                    else classify.FIRST_TOKEN_TIMEOUT,
+                    else failures.FIRST_TOKEN_TIMEOUT,
                     "upstream went silent",
                     deployment=self.upstream.id,
                 ) from None
             except HttpError:
                 raise Failure(
-                    classify.STREAM_CUT,
+                    failures.STREAM_CUT,
                     "upstream connection broke mid-stream",
                     deployment=self.upstream.id,
                 ) from None
@@ -300,7 +300,7 @@ class UpstreamStream:
                 return False
         if type(payload) is dict and "error" in payload and "choices" not in payload:
             raise Failure(
-                classify.SERVER_ERROR,
+                failures.SERVER_ERROR,
                 "upstream sent an error event mid-stream",
                 body=data.strip(),
                 deployment=self.upstream.id,
@@ -321,7 +321,7 @@ class UpstreamStream:
             out.append(DONE + b"\n\n")
             return out
         raise Failure(
-            classify.STREAM_CUT,
+            failures.STREAM_CUT,
             "upstream closed the stream before the answer finished",
             deployment=self.upstream.id,
         )
@@ -358,7 +358,7 @@ async def open_stream(
     except TimeoutError:
         watchdog.close()
         raise Failure(
-            classify.FIRST_TOKEN_TIMEOUT,
+            failures.FIRST_TOKEN_TIMEOUT,
             f"no answer within {upstream.timeouts.first_token:g}s",
             deployment=upstream.id,
         ) from None
@@ -373,7 +373,7 @@ async def open_stream(
         watchdog.close()
         response.close()
         raise Failure(
-            classify.BAD_RESPONSE,
+            failures.BAD_RESPONSE,
             f"expected an event stream, got {content_type or 'nothing'}",
             deployment=upstream.id,
         )

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ballast.clock import SYSTEM_CLOCK, Clock
-from ballast.routing.health import SlidingWindow
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.window import SlidingWindow
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import re
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 
-from ballast.clock import SYSTEM_CLOCK, Clock
-from ballast.routing.health import SlidingWindow
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.window import SlidingWindow
 
 _DELTA = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*")
 
