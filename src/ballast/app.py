@@ -14,10 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
-from ballast.api.access import Access
 from ballast.api.admin import Admin, Generation
-from ballast.api.asgi import JSON, Receive, Scope, Send, send_bytes, send_error
-from ballast.api.errors import ApiError
 from ballast.api.jobs import JobsApi
 from ballast.api.keys_admin import KeysAdmin
 from ballast.api.openai import OpenAIHandlers
@@ -26,9 +23,15 @@ from ballast.heap import settle_after_startup
 from ballast.jobs.dispatcher import Dispatcher
 from ballast.jobs.store import JobStore
 from ballast.observe.hub import Observer
+from ballast.pipeline.access import Access
+from ballast.pipeline.asgi import JSON, Receive, Scope, Send, send_bytes, send_error
+from ballast.pipeline.errors import ApiError
+from ballast.pipeline.pipeline import Pipeline
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.routing.router import Router
 from ballast.state.hub import StateHub
+from ballast.state.sessions import SessionStore
+from ballast.state.shared_handles import SharedHandles
 
 log = logging.getLogger("ballast")
 
@@ -51,17 +54,19 @@ class BallastApp:
         self.clock = clock
         self.observer = Observer(lambda: self.router.targets.values())
         self.state = StateHub(settings, clock)
+        store = self.state.store
         self.router = Router(
             settings,
             clock,
             rng,
             on_event=self.observer.on_event,
-            database=self.state.db,
-            store=self.state.store,
+            sessions=SessionStore(self.state.db),
+            shared_handles=(
+                (lambda dep_id: SharedHandles(store, dep_id, clock)) if store is not None else None
+            ),
         )
-        self.openai = OpenAIHandlers(
-            self.router, settings.server.max_body_bytes, settings.server.body_timeout
-        )
+        self.pipeline = Pipeline(settings, self.router)
+        self.openai = OpenAIHandlers(self.pipeline)
         self.ready = False
         self.in_flight = 0  # proxied requests running in this worker
         self.max_in_flight = settings.server.max_in_flight
@@ -151,11 +156,11 @@ class BallastApp:
             self.settings, self.state.keys, self.state.limiter, self.state.spend, self.clock
         )
         await access.start()
-        self.openai.access = access
+        self.pipeline.access = access
         self.jobs.access = access
         if self.dispatcher is not None:
             self.dispatcher.start()
-        self.openai.cache = self.state.cache
+        self.pipeline.cache = self.state.cache
         await self.router.start()
         self.observer.metrics.deployments(self.router.targets)
         self.observer.metrics.start()

@@ -226,8 +226,8 @@ def keys_create(
     """Create a key; it is printed once and stored only as a hash."""
     import time
 
-    from ballast.api.errors import ApiError
     from ballast.api.keys_admin import key_options
+    from ballast.pipeline.errors import ApiError
 
     data = {
         "name": name,

@@ -132,6 +132,11 @@ class UpstreamSettings(_Strict):
     pool_size: int = Field(256, ge=1, description="connections per deployment (a bulkhead)")
     keepalive_timeout: float = Field(60.0, gt=0)
     warm_connections: int = Field(1, ge=0, description="connections opened per deployment at start")
+    expose_headers: list[str] = Field(
+        ["openai-processing-ms", "openai-version"],
+        description="upstream answer headers a client may see (a trailing * matches a prefix);"
+        " every other upstream header stays with Ballast",
+    )
 
 
 class ModelPrice(_Strict):

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ballast.api import access as access_module
+from ballast.pipeline import access as access_module
 from ballast.api import admin as admin_module
 from ballast.config import parse_settings
 from tests.e2e.test_routing import MESSAGES

@@ -10,16 +10,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast.api.caching import mode_of, scope_of, take_field
-from ballast.api.errors import ApiError
 from ballast.cache.flight import SingleFlight
 from ballast.cache.keys import cache_key, normalise
 from ballast.cache.replay import assemble, is_complete, pieces, replay, split_events
 from ballast.cache.service import BYPASS, DEFAULT, HIT, MISS, NO_STORE, OFF, REFRESH, ResponseCache
 from ballast.cache.store import LocalCacheStore
-from ballast.config import CacheSettings
+from ballast.config import CacheSettings, Deployment, Timeouts, UpstreamSettings
+from ballast.pipeline.caching import mode_of, scope_of, take_field
+from ballast.pipeline.context import RequestContext
+from ballast.pipeline.errors import ApiError
+from ballast.providers import AdapterContext
+from ballast.providers.openai import OpenAIAdapter
 from ballast.resilience.clock import ManualClock
-from ballast.routing.router import ProxyRequest
+from ballast.upstream.client import Upstream
 
 CHAT = "/chat/completions"
 BASE: dict[str, Any] = {
@@ -319,7 +322,11 @@ def test_header_and_body_field_choose_the_mode() -> None:
 
 def test_the_cache_field_is_never_forwarded() -> None:
     payload = {**BASE, "cache": {"no-cache": True}}
-    request = ProxyRequest(CHAT, payload, orjson.dumps(payload), "chat", False)
+    request = RequestContext(CHAT, payload, orjson.dumps(payload), "chat", False)
     assert take_field(request) == {"no-cache": True}
-    assert b"cache" not in request.raw and "cache" not in request.payload
+    deployment = Deployment(id="d", url="http://127.0.0.1:9/v1")
+    upstream = Upstream(deployment, Timeouts(), UpstreamSettings())
+    adapter = OpenAIAdapter(deployment, upstream, AdapterContext())
+    sent = orjson.loads(adapter.body(request, request.model))
+    assert "cache" not in sent and sent == BASE
     assert scope_of(None, request) == "anonymous"

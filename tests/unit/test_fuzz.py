@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ballast.api.errors import ApiError
 from ballast.api.openai import parse_request
 from ballast.app import BallastApp
 from ballast.config import ConfigError, parse_settings
+from ballast.pipeline.errors import ApiError
 from ballast.upstream.sse import SseSplitter, StreamState, event_data, parse_payload
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))

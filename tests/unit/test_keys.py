@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from ballast.api.access import Access
-from ballast.api.errors import ApiError
 from ballast.config import Settings
+from ballast.pipeline.access import Access
+from ballast.pipeline.errors import ApiError
 from ballast.resilience.clock import ManualClock
 from ballast.state.db import Database
 from ballast.state.keys import KeyService, KeysUnavailable, hash_key

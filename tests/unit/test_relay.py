@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from ballast.routing.relay import _Diverged, _Splice
+from ballast.pipeline.relay import _Diverged, _Splice
 
 
 def chunk(content: str | None = None, finish: str | None = None, role: bool = False) -> bytes:

@@ -1,4 +1,4 @@
-"""The attempt loop, driven by a fake attempt: how attempts are spent across a chain."""
+"""The attempt loop, driven by a fake exchange: how attempts are spent across a chain."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from ballast.config import parse_settings
+from ballast.pipeline.context import RequestContext
 from ballast.resilience import failures
-from ballast.resilience.breaker import Permit
 from ballast.resilience.clock import ManualClock
 from ballast.resilience.failures import Failure
-from ballast.routing.router import Attempted, ProxyRequest, Router, Target
+from ballast.routing.attempt import Attempt
+from ballast.routing.router import Router
 
 URL = "http://127.0.0.1:9/v1"
 
@@ -30,51 +31,50 @@ def make_router(fallbacks: list[str], **routing: object) -> Router:
     return Router(settings, ManualClock(), random.Random(1))
 
 
-def failing_primary(
-    router: Router, calls: list[str]
-) -> Callable[[Target, Permit, str, Attempted], Awaitable[str]]:
-    async def attempt(target: Target, permit: Permit, model: str, state: Attempted) -> str:
-        calls.append(target.id)
-        if target.id == "p":
-            failure = Failure(failures.SERVER_ERROR, "upstream answered 500", status=500)
-            router.judge(target, permit, failure)
-            raise failure
-        return target.id
+def failing_primary(router: Router, calls: list[str]) -> Callable[[Attempt, str], Awaitable[str]]:
+    async def exchange(attempt: Attempt, model: str) -> str:
+        calls.append(attempt.id)
+        if attempt.id == "p":
+            raise Failure(failures.SERVER_ERROR, "upstream answered 500", status=500)
+        attempt.succeeded()
+        return attempt.id
 
-    return attempt
+    return exchange
 
 
-REQUEST = ProxyRequest("/chat/completions", {"model": "chat"}, b"{}", "chat", False)
+async def run(
+    router: Router, request: RequestContext, exchange: Callable[[Attempt, str], Awaitable[str]]
+) -> str:
+    group = router.resolve(request.model)
+    assert group is not None
+    return await router.loop.run(request, group, router.loop.begin(), exchange)
+
+
+REQUEST = RequestContext("/chat/completions", {"model": "chat"}, b"{}", "chat", False)
 
 
 async def test_retries_of_the_primary_leave_the_fallback_its_turn() -> None:
     router = make_router(["backup"], max_attempts=3)
     calls: list[str] = []
-    group = router.resolve("chat")
-    assert group is not None
-    assert await router.run(REQUEST, group, failing_primary(router, calls)) == "f"
+    assert await run(router, REQUEST, failing_primary(router, calls)) == "f"
     assert calls == ["p", "p", "f"]
 
 
 async def test_request_fallbacks_also_keep_their_turn() -> None:
     router = make_router([], max_attempts=5)
     calls: list[str] = []
-    group = router.resolve("chat")
-    assert group is not None
-    request = ProxyRequest(
+    request = RequestContext(
         "/chat/completions", {"model": "chat"}, b"{}", "chat", False, fallbacks=("backup",)
     )
-    assert await router.run(request, group, failing_primary(router, calls)) == "f"
+    assert await run(router, request, failing_primary(router, calls)) == "f"
     assert calls == ["p", "p", "p", "p", "f"]
 
 
 async def test_the_primary_is_always_tried_once_even_with_one_attempt() -> None:
     router = make_router(["backup"], max_attempts=1)
     calls: list[str] = []
-    group = router.resolve("chat")
-    assert group is not None
     with pytest.raises(Failure) as info:
-        await router.run(REQUEST, group, failing_primary(router, calls))
+        await run(router, REQUEST, failing_primary(router, calls))
     assert calls == ["p"]
     assert info.value.kind is failures.SERVER_ERROR
 
@@ -82,10 +82,8 @@ async def test_the_primary_is_always_tried_once_even_with_one_attempt() -> None:
 async def test_without_fallbacks_the_group_gets_every_attempt() -> None:
     router = make_router([], max_attempts=4, breaker={"failure_threshold": 10})
     calls: list[str] = []
-    group = router.resolve("chat")
-    assert group is not None
     with pytest.raises(Failure):
-        await router.run(REQUEST, group, failing_primary(router, calls))
+        await run(router, REQUEST, failing_primary(router, calls))
     assert calls == ["p"] * 4
 
 
@@ -115,21 +113,17 @@ async def test_default_settings_absorb_thirty_percent_random_5xx_under_sustained
     router = Router(settings, clock, random.Random(7))
     faults = random.Random(42)
 
-    async def attempt(target: Target, permit: Permit, model: str, state: Attempted) -> str:
+    async def exchange(attempt: Attempt, model: str) -> str:
         if faults.random() < 0.3:
-            failure = Failure(failures.SERVER_ERROR, "upstream answered 500", status=500)
-            router.judge(target, permit, failure)
-            raise failure
-        target.breaker.record_success(permit)
-        return target.id
+            raise Failure(failures.SERVER_ERROR, "upstream answered 500", status=500)
+        attempt.succeeded()
+        return attempt.id
 
-    group = router.resolve("chat")
-    assert group is not None
     total, ok = 20_000, 0
     for _ in range(total):
         clock.advance(0.001)
         try:
-            await router.run(REQUEST, group, attempt)
+            await run(router, REQUEST, exchange)
         except Failure:
             continue
         ok += 1

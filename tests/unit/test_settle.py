@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from ballast.api.access import Access, Ticket, token_counts
 from ballast.config import Settings
+from ballast.pipeline.access import Access, Ticket, token_counts
 from ballast.resilience.clock import ManualClock
 from ballast.state.db import Database
 from ballast.state.keys import KeyRecord, KeyService

@@ -21,16 +21,17 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from ballast.api.asgi import JSON, Receive, Scope, Send, header, send_bytes, send_error
-from ballast.api.errors import ApiError
+from ballast.api.openai import OpenAIHandlers
 from ballast.config import ConfigError, Settings, load_settings, masked
 from ballast.heap import settle_after_retire
 from ballast.observe.hub import Observer, Trace
 from ballast.observe.metrics import CONTENT_TYPE
+from ballast.pipeline.asgi import JSON, Receive, Scope, Send, header, send_bytes, send_error
+from ballast.pipeline.errors import ApiError
+from ballast.pipeline.pipeline import Pipeline
 from ballast.routing.router import Router
 
 if TYPE_CHECKING:
-    from ballast.api.openai import OpenAIHandlers
     from ballast.app import BallastApp
 
 log = logging.getLogger("ballast.admin")
@@ -109,16 +110,6 @@ def process_stats() -> dict[str, Any]:
     except OSError:  # not Linux
         pass
     return stats
-
-
-def _shared_state(router: Router) -> dict[str, Any]:
-    """What a new router shares with the running one instead of opening its own."""
-    shared: dict[str, Any] = {}
-    for name in ("database", "store"):
-        value = getattr(router, name, None)
-        if value is not None:
-            shared[name] = value
-    return shared
 
 
 def _token(scope: Scope) -> str | None:
@@ -265,10 +256,11 @@ class Admin:
                 health = target.health.snapshot()
                 breaker = target.breaker.snapshot()
                 handles = None
-                if target.handles is not None:
-                    stats = target.handles.stats
+                cache = target.adapter.handles
+                if cache is not None:
+                    stats = cache.stats
                     handles = {
-                        "size": len(target.handles),
+                        "size": len(cache),
                         "created": stats.created,
                         "refreshed": stats.refreshed,
                         "healed": stats.healed,
@@ -409,7 +401,8 @@ class Admin:
             old.router.clock,
             old.router.rng,
             on_event=app.observer.on_event,
-            **_shared_state(old.router),
+            sessions=old.router.sessions,
+            shared_handles=old.router.shared_handles,
         )
         for dep_id, target in router.targets.items():
             previous = old.router.targets.get(dep_id)
@@ -423,18 +416,17 @@ class Admin:
         except BaseException:
             await router.close()
             raise
-        handlers = type(old.handlers)(
-            router, settings.server.max_body_bytes, settings.server.body_timeout
-        )
-        for name, value in vars(old.handlers).items():
-            if name not in ("router", "max_body_bytes", "body_timeout"):
-                setattr(handlers, name, value)  # what start-up attached (e.g. access control)
+        pipeline = Pipeline(settings, router)
+        pipeline.access = old.handlers.pipeline.access  # what start-up attached
+        pipeline.cache = old.handlers.pipeline.cache
+        handlers = OpenAIHandlers(pipeline)
         new = Generation(old.number + 1, settings, router, handlers, app.observer)
         # The swap itself: no await between these lines, so no request sees half of it.
         app.generation = new
         app.settings = settings
         app.router = router
         app.openai = handlers
+        app.pipeline = pipeline
         self.reloads += 1
         app.observer.metrics.deployments(router.targets)
         app.observer.note(

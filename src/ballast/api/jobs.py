@@ -9,8 +9,11 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from ballast.api.access import MASTER, Access
-from ballast.api.asgi import (
+from ballast.config import JobsSettings
+from ballast.jobs.dispatcher import Dispatcher
+from ballast.jobs.store import TERMINAL, Job, JobStore, QueueFull, SlotsFull
+from ballast.pipeline.access import MASTER, Access
+from ballast.pipeline.asgi import (
     JSON,
     ClientGone,
     Receive,
@@ -20,10 +23,7 @@ from ballast.api.asgi import (
     send_bytes,
     send_error,
 )
-from ballast.api.errors import ApiError, bad_request
-from ballast.config import JobsSettings
-from ballast.jobs.dispatcher import Dispatcher
-from ballast.jobs.store import TERMINAL, Job, JobStore, QueueFull, SlotsFull
+from ballast.pipeline.errors import ApiError, bad_request
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.keys import KeyRecord
 

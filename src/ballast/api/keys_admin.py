@@ -7,8 +7,8 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from ballast.api.asgi import JSON, Receive, Scope, Send, read_body, send_bytes
-from ballast.api.errors import ApiError, bad_request
+from ballast.pipeline.asgi import JSON, Receive, Scope, Send, read_body, send_bytes
+from ballast.pipeline.errors import ApiError, bad_request
 from ballast.state.hub import StateHub
 from ballast.state.spend import period_of
 

@@ -146,14 +146,14 @@ class Observer:
         stream = False
         if request is not None:
             stream = request.stream
-            group = router.resolve(request.model)
+            group = request.group
             if group is not None:
                 model = group.name
-            attempted = request.attempted
-            if attempted is not None:
-                attempts = attempted.count
+            tried = request.attempts
+            if tried is not None:
+                attempts = tried.count
                 if deployment is None:
-                    deployment = attempted.deployment
+                    deployment = tried.deployment
         if deployment is None:
             deployment = "none"
         if not trace.status:

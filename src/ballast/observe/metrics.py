@@ -208,9 +208,10 @@ class _LiveCollector(Collector):
             in_flight.add_metric([dep], target.health.in_flight)
             drained.add_metric([dep], 1.0 if target.drained else 0.0)
             error_rate.add_metric([dep], target.health.error_rate())
-            if target.handles is not None:
-                handles.add_metric([dep], len(target.handles))
-                stats = target.handles.stats
+            cache = target.adapter.handles
+            if cache is not None:
+                handles.add_metric([dep], len(cache))
+                stats = cache.stats
                 for op in ("created", "refreshed", "healed", "failed"):
                     handle_events.add_metric([dep, op], getattr(stats, op))
         yield from (in_flight, drained, error_rate, handles, handle_events)

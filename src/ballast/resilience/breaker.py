@@ -256,6 +256,15 @@ class CircuitBreaker:
         calls, failures = self._window.totals()
         return calls >= self.config.min_calls and failures > rate * calls
 
+    def hold(self, permit: Permit, until: float) -> None:
+        """Keep a live probe's lease until `until`: a stream that answered is no stuck probe,
+        and its verdict, given when it ends, must still count. The stream's own clocks and
+        deadline bound how long that is."""
+        now = self._clock.monotonic()
+        if permit.probe and permit.expires_at > now and until > permit.expires_at:
+            if permit is self._early or any(held is permit for held in self._probes):
+                permit.expires_at = until
+
     def release(self, permit: Permit) -> None:
         """No verdict (e.g. the client went away): free a probe slot without judging."""
         if self._settle_early(permit, False):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
 
 import orjson
@@ -216,8 +217,7 @@ class UpstreamStream:
         self._inter_chunk = upstream.timeouts.inter_chunk
         self._closed = False
         self._eof = False
-        self.started = 0.0
-        self.ttft = 0.0
+        self.until = math.inf  # loop time: the attempt's deadline bounds the whole stream
 
     @property
     def exhausted(self) -> bool:
@@ -243,9 +243,15 @@ class UpstreamStream:
                 if not chunk and not content.at_eof():
                     if deadline is None:
                         deadline = asyncio.get_running_loop().time() + self._inter_chunk
-                    with self._watchdog.until(deadline):
+                    with self._watchdog.until(min(deadline, self.until)):
                         chunk = await content.readany()
             except TimeoutError:
+                if self.until <= asyncio.get_running_loop().time():
+                    raise Failure(
+                        failures.REQUEST_TIMEOUT,
+                        "the request's time ran out mid-stream",
+                        deployment=self.upstream.id,
+                    ) from None
                 raise Failure(
                     failures.INTER_CHUNK_TIMEOUT
                     if self.state.data_events
@@ -345,12 +351,15 @@ async def open_stream(
     clock: Clock,
     request_id: str | None = None,
     route: Route | None = None,
+    until: float = math.inf,
 ) -> tuple[UpstreamStream, list[bytes]]:
     """Open a stream and wait for its first token (or its end) within `first_token`.
     Events before the first token (the role chunk) are held back and returned with it, so a
-    silent upstream can still be replaced before the client has seen a byte."""
+    silent upstream can still be replaced before the client has seen a byte. `until`
+    (monotonic) bounds the whole stream: the attempt's deadline."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + upstream.timeouts.first_token
+    limit = loop.time() + (until - clock.monotonic())
+    deadline = min(loop.time() + upstream.timeouts.first_token, limit)
     watchdog = _Watchdog(loop)  # the stream's one timer, from the request on
     try:
         with watchdog.until(deadline):
@@ -378,6 +387,7 @@ async def open_stream(
             deployment=upstream.id,
         )
     stream = UpstreamStream(upstream, response, clock, watchdog)
+    stream.until = limit
     held: list[bytes] = []
     try:
         while True:

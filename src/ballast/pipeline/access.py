@@ -12,11 +12,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ballast.api.asgi import Scope, header
-from ballast.api.errors import ApiError
 from ballast.config import Settings
+from ballast.pipeline.asgi import Scope, header
+from ballast.pipeline.context import RequestContext
+from ballast.pipeline.errors import ApiError
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
-from ballast.routing.router import ProxyRequest
 from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
 from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter
 from ballast.state.spend import SpendRecorder, cost_of, period_of
@@ -74,7 +74,7 @@ def _count(value: Any) -> int:
     return 0
 
 
-def estimate_tokens(request: ProxyRequest) -> int:
+def estimate_tokens(request: RequestContext) -> int:
     """Up-front TPM estimate: the prompt's bytes / 4 plus the completion asked for."""
     payload = request.payload
     completion = payload.get("max_completion_tokens") or payload.get("max_tokens")
@@ -180,7 +180,7 @@ class Access:
             raise invalid_key("This API key has expired.")
         return record, until
 
-    async def admit(self, scope: Scope, request: ProxyRequest) -> Ticket | None:
+    async def admit(self, scope: Scope, request: RequestContext) -> Ticket | None:
         """Checks before routing; None when Ballast runs open. What is known here (a key
         seen recently, a fresh budget figure, a local limiter) is checked without awaiting
         anything: each await of a coroutine costs about half a microsecond."""

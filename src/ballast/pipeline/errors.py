@@ -29,6 +29,10 @@ class ApiError(Exception):
     def body(self) -> bytes:
         return error_body(self.message, self.error_type, self.code, self.param)
 
+    def event(self) -> bytes:
+        """The same error as the SSE event that ends a started stream."""
+        return b"data: " + self.body() + b"\n\n"
+
 
 def error_body(
     message: str, error_type: str, code: str | None = None, param: str | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ballast.api.errors import ApiError
+from ballast.pipeline.errors import ApiError
 from ballast.types import Handler, Message, Receive, Scope, Send
 
 __all__ = ["Handler", "Message", "Receive", "Scope", "Send"]

@@ -17,14 +17,23 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ballast.api.asgi import EVENT_STREAM, JSON, NO_CACHE, Message, Scope, Send, header, send_bytes
-from ballast.api.errors import bad_request
 from ballast.cache.replay import assemble, replay, split_events
 from ballast.cache.service import DEFAULT, NO_STORE, OFF, REFRESH, Lookup, Mode
-from ballast.routing.router import ProxyRequest
+from ballast.pipeline.asgi import (
+    EVENT_STREAM,
+    JSON,
+    NO_CACHE,
+    Message,
+    Scope,
+    Send,
+    header,
+    send_bytes,
+)
+from ballast.pipeline.context import RequestContext
+from ballast.pipeline.errors import bad_request
 
 if TYPE_CHECKING:
-    from ballast.api.access import Access, Ticket
+    from ballast.pipeline.access import Access, Ticket
 
 HEADER = b"x-ballast-cache"
 _WORDS: dict[str, Mode] = {
@@ -40,11 +49,10 @@ _WORDS: dict[str, Mode] = {
 }
 
 
-def take_field(request: ProxyRequest) -> Any:
-    """Remove the body's `cache` field (never forwarded); returns its value."""
-    value = request.payload.pop("cache")
-    request.raw = orjson.dumps(request.payload)
-    return value
+def take_field(request: RequestContext) -> Any:
+    """The body's `cache` field, which is never forwarded."""
+    request.edits["cache"] = None
+    return request.payload.get("cache")
 
 
 def mode_of(scope: Scope, field: Any) -> Mode:
@@ -72,19 +80,19 @@ def mode_of(scope: Scope, field: Any) -> Mode:
     )
 
 
-def scope_of(ticket: Ticket | None, request: ProxyRequest) -> str:
+def scope_of(ticket: Ticket | None, request: RequestContext) -> str:
     """Whose entries these are: the key's id, or the (already hashed) credential when open."""
     return ticket.key.id if ticket is not None else request.credential
 
 
-def wants_usage(request: ProxyRequest, added_by_us: bool) -> bool:
+def wants_usage(request: RequestContext, added_by_us: bool) -> bool:
     options = request.payload.get("stream_options")
     return not added_by_us and isinstance(options, dict) and bool(options.get("include_usage"))
 
 
 async def send_hit(
     send: Send,
-    request: ProxyRequest,
+    request: RequestContext,
     lookup: Lookup,
     extra: list[tuple[bytes, bytes]],
     include_usage: bool,

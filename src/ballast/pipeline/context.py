@@ -1,0 +1,67 @@
+"""What the stages of one request share, carried from parse to settle."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ballast.config import ModelGroup
+
+if TYPE_CHECKING:
+    from ballast.cache.service import Lookup
+    from ballast.pipeline.access import Ticket
+    from ballast.routing.attempts import Attempts
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """One client request. `payload` is the body as parsed and never changed in place;
+    every outgoing change is an entry in `edits` (None removes a key), applied once, when a
+    deployment's body is made. The client's bytes go out as they came when nothing changes."""
+
+    path: str  # the upstream API: "/chat/completions", "/completions" or "/embeddings"
+    payload: dict[str, Any]
+    raw: bytes
+    model: str
+    stream: bool
+    request_id: str | None = None
+    fallbacks: tuple[str, ...] = ()
+    authorization: bytes | None = None  # the client's Authorization header, as sent
+    edits: dict[str, Any] = field(default_factory=dict)
+    group: ModelGroup | None = None  # set by resolve
+    ticket: Ticket | None = None  # set by admit, when keys are in use
+    lookup: Lookup | None = None  # set by the cache stage, for groups with a cache
+    attempts: Attempts | None = None  # set by dispatch (logs and metrics read it)
+    usage_added: bool = False  # usage was asked of the upstream for accounting only
+    settled: bool = False  # usage and spend recorded (or the request ended without them)
+    _credential: str | None = None
+
+    @property
+    def credential(self) -> str:
+        """Who is asking, as a stable, non-reversible id (never the key itself): remote
+        resources are kept per credential. Hashed only for the requests that need it."""
+        if self._credential is None:
+            given = self.authorization
+            self._credential = hashlib.sha256(given).hexdigest()[:24] if given else "anonymous"
+        return self._credential
+
+    def outgoing(self, key: str) -> Any:
+        """A body field as it will be sent: the edited value where there is one."""
+        return self.edits[key] if key in self.edits else self.payload.get(key)
+
+    def ask_for_usage(self) -> bool:
+        """Streams must report usage for accounting. When the client did not ask for it, ask
+        the upstream anyway and return True: the relay then keeps the usage chunk from the
+        client. Idempotent."""
+        if self.usage_added:
+            return True
+        options = self.outgoing("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            return False
+        self.edits["stream_options"] = {
+            **(options if isinstance(options, dict) else {}),
+            "include_usage": True,
+        }
+        self.usage_added = True
+        return True

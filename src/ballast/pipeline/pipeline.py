@@ -1,0 +1,281 @@
+"""The request pipeline. Its order is written here once:
+
+1. parse    the inbound shape turns the client's body into a RequestContext (api/);
+2. resolve  the model names a model group, or 404;
+3. admit    keys, model allowlist, budget and rate limits (access.py), when keys are in use;
+4. cache    an answer kept for an identical request is served without going upstream;
+5. dispatch the attempt loop finds a deployment that answers (routing/);
+6. relay    a whole answer is sent, or a stream relayed with continuation (relay.py);
+7. settle   usage and spend are recorded, the parallel slot freed: exactly once.
+
+One Responder knows whether the response started, so every error takes the one form that
+still fits; one allowlist decides which upstream headers the client sees."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ballast.cache.replay import is_complete
+from ballast.config import ModelGroup, Settings
+from ballast.pipeline.asgi import (
+    EVENT_STREAM,
+    JSON,
+    NO_CACHE,
+    ClientGone,
+    DisconnectWatch,
+    header,
+    read_body,
+    require_json,
+)
+from ballast.pipeline.caching import HEADER as CACHE_HEADER
+from ballast.pipeline.caching import (
+    StreamRecorder,
+    mode_of,
+    scope_of,
+    send_hit,
+    settle_hit,
+    take_field,
+    wants_usage,
+)
+from ballast.pipeline.context import RequestContext
+from ballast.pipeline.errors import ApiError, from_failure, model_not_found
+from ballast.pipeline.relay import Relay
+from ballast.pipeline.respond import HeaderAllowlist, Responder
+from ballast.resilience.failures import Action, Failure
+from ballast.routing.router import Router
+from ballast.types import Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from ballast.cache.service import ResponseCache
+    from ballast.pipeline.access import Access
+
+log = logging.getLogger("ballast.api")
+
+_ID_PREFIX = os.urandom(4).hex()
+_ids = itertools.count(1)
+
+# An inbound shape's parser: the upstream API path and the body -> the request context.
+Parse = Callable[[str, bytes], RequestContext]
+
+
+def request_id(scope: Scope) -> bytes:
+    given = header(scope, b"x-request-id")
+    if given and len(given) <= 128:
+        return given
+    return f"{_ID_PREFIX}-{next(_ids)}".encode()
+
+
+def is_passthrough(failure: Failure) -> bool:
+    """An upstream's own refusal of the request itself: the client sees it unchanged."""
+    return failure.status is not None and failure.kind.action in (
+        Action.RETURN,
+        Action.CONTEXT_FALLBACK,
+    )
+
+
+class Pipeline:
+    def __init__(self, settings: Settings, router: Router) -> None:
+        self.router = router
+        self.max_body_bytes = settings.server.max_body_bytes
+        self.body_timeout = settings.server.body_timeout
+        self.continuation = settings.routing.continuation
+        self.expose = HeaderAllowlist(settings.upstream.expose_headers)
+        self.access: Access | None = None  # set once state is ready at start-up
+        self.cache: ResponseCache | None = None  # likewise; used by groups with `cache`
+
+    async def handle(
+        self, scope: Scope, receive: Receive, send: Send, path: str, parse: Parse
+    ) -> None:
+        rid = request_id(scope)
+        responder = Responder(send, [(b"x-request-id", rid)])
+        watch: DisconnectWatch | None = None
+        ctx: RequestContext | None = None
+        try:
+            require_json(scope)
+            body = await read_body(scope, receive, self.max_body_bytes, self.body_timeout)
+            ctx = parse(path, body)  # 1
+            ctx.request_id = rid.decode("latin-1")
+            ctx.authorization = header(scope, b"authorization")
+            scope["ballast.request"] = ctx  # read by the request log and metrics
+            group = self._resolve(ctx)  # 2
+            cache_field = take_field(ctx) if "cache" in ctx.payload else None
+            await self._admit(scope, ctx, responder)  # 3
+            watch = DisconnectWatch(receive)
+            if await self._cached(scope, ctx, group, cache_field, responder, watch):  # 4
+                return
+            if ctx.stream:  # 5, 6
+                await self._stream(ctx, group, responder, watch)
+            else:
+                await self._complete(ctx, group, responder, watch)
+        except ApiError as error:
+            if watch is not None:
+                watch.stop()
+            await responder.error(error)
+        except Failure as failure:
+            if watch is not None:
+                watch.stop()
+            await self._failed(failure, responder)
+        except ClientGone:
+            return
+        except asyncio.CancelledError:
+            if watch is None or not watch.fired:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            log.info("client went away; upstream request %s dropped", rid.decode("latin-1"))
+        finally:
+            if ctx is not None:
+                self._settle(ctx, "", None, None)  # 7: frees the slot if nothing settled yet
+                if ctx.lookup is not None:
+                    ctx.lookup.done()  # identical requests waiting on this one go on
+
+    # -- the stages ------------------------------------------------------------------
+
+    def _resolve(self, ctx: RequestContext) -> ModelGroup:
+        group = self.router.resolve(ctx.model)
+        if group is None:
+            raise model_not_found(ctx.model)
+        ctx.group = group
+        return group
+
+    async def _admit(self, scope: Scope, ctx: RequestContext, responder: Responder) -> None:
+        if self.access is None:
+            return
+        ticket = await self.access.admit(scope, ctx)
+        if ticket is None:
+            return
+        ctx.ticket = ticket
+        if ticket.lease is not None:
+            responder.extra.extend(ticket.lease.headers)
+        if ctx.stream:
+            ctx.ask_for_usage()
+
+    async def _cached(
+        self,
+        scope: Scope,
+        ctx: RequestContext,
+        group: ModelGroup,
+        cache_field: Any,
+        responder: Responder,
+        watch: DisconnectWatch,
+    ) -> bool:
+        """True when the answer came from the cache."""
+        if group.cache is None or self.cache is None:
+            return False
+        ctx.lookup = lookup = await self.cache.lookup(
+            ctx.path,
+            group.name,
+            ctx.payload,
+            scope_of(ctx.ticket, ctx),
+            group.cache,
+            mode_of(scope, cache_field),
+        )
+        responder.extra.append((CACHE_HEADER, lookup.status))
+        if lookup.body is None:
+            return False
+        watch.stop()
+        ctx.settled = True  # a hit is settled as one, below
+        settle_hit(self.access, ctx.ticket, lookup)
+        await send_hit(
+            responder.send, ctx, lookup, responder.extra, wants_usage(ctx, ctx.usage_added)
+        )
+        return True
+
+    async def _complete(
+        self, ctx: RequestContext, group: ModelGroup, responder: Responder, watch: DisconnectWatch
+    ) -> None:
+        ctx.attempts = attempts = self.router.loop.begin()
+        try:
+            reply = await self.router.dispatch.complete(ctx, group, attempts)
+        except Failure as failure:
+            if not is_passthrough(failure):
+                raise
+            watch.stop()
+            await self._passthrough(failure, responder)
+            return
+        watch.stop()
+        payload = reply.payload if isinstance(reply.payload, dict) else {}
+        model = payload.get("model")
+        self._settle(
+            ctx, model if isinstance(model, str) else ctx.model, payload.get("usage"), None
+        )
+        if ctx.lookup is not None and reply.status == 200 and is_complete(ctx.path, reply.payload):
+            await ctx.lookup.store(reply.body)
+        headers = self.expose.filter(reply.headers)
+        headers.append(JSON)  # the body parsed as a JSON object, whatever the upstream said
+        await responder.answer(reply.status, headers, reply.body)
+
+    async def _stream(
+        self, ctx: RequestContext, group: ModelGroup, responder: Responder, watch: DisconnectWatch
+    ) -> None:
+        send = responder.send
+        strip_usage = ctx.usage_added
+        if ctx.lookup is not None:  # usage is asked for, to be kept with the answer
+            hide = ctx.ask_for_usage()
+            recorder = StreamRecorder(send, ctx.lookup, ctx.path, hide)
+            send = recorder.send
+            strip_usage = False
+        ctx.attempts = attempts = self.router.loop.begin()
+        try:
+            opened = await self.router.dispatch.open(ctx, group, attempts)
+        except Failure as failure:
+            if not is_passthrough(failure):
+                raise
+            # The upstream refused the request itself (a stream that never started): the
+            # client gets that answer unchanged, as for a non-streamed request.
+            watch.stop()
+            await self._passthrough(failure, responder)
+            return
+        relay = Relay(self.router.dispatch, ctx, group, opened, attempts, self.continuation)
+        relay.strip_usage = strip_usage
+        try:
+            headers = [
+                EVENT_STREAM,
+                NO_CACHE,
+                (b"x-ballast-deployment", opened.attempt.id.encode()),
+            ]
+            headers.extend(self.expose.filter(opened.stream.headers))
+            headers.extend(responder.extra)
+            responder.streaming = True
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async for chunk in relay.events():
+                if relay.ending:  # the last piece ends the response with it: one send less
+                    watch.stop()
+                await send(
+                    {"type": "http.response.body", "body": chunk, "more_body": not relay.ending}
+                )
+            if not relay.ending:
+                watch.stop()
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            relay.close()
+        self._settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
+
+    # -- answers that are not the upstream's ---------------------------------------------
+
+    async def _passthrough(self, failure: Failure, responder: Responder) -> None:
+        headers = self.expose.filter(failure.headers)
+        headers.append(JSON)
+        await responder.answer(failure.status or 502, headers, failure.body or b"")
+
+    async def _failed(self, failure: Failure, responder: Responder) -> None:
+        if is_passthrough(failure) and not responder.started:
+            await self._passthrough(failure, responder)
+            return
+        await responder.error(from_failure(failure))
+
+    # -- settlement ------------------------------------------------------------------
+
+    def _settle(self, ctx: RequestContext, model: str, usage: Any, deployment: str | None) -> None:
+        """Usage and spend for the key, exactly once per request (the first call wins)."""
+        if ctx.settled:
+            return
+        ctx.settled = True
+        if self.access is not None and ctx.ticket is not None:
+            self.access.settle(ctx.ticket, model, usage, deployment)

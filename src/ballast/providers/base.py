@@ -1,0 +1,130 @@
+"""The provider interface: what the attempt loop and the relay ask of an upstream protocol.
+
+An adapter turns the pipeline's request into the bytes one deployment is sent, says what the
+provider can do (go on from a prefill, report usage in a stream, hand out per-run
+endpoints), and routes a call through whatever the provider needs around it (a run handle,
+an access token). It owns no policy: retries, breakers and deadlines stay with routing."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import orjson
+
+from ballast.config import Deployment
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.handles import HandleCache, SharedSource
+from ballast.upstream.client import Route, Upstream
+
+T = TypeVar("T")
+
+_UNSET = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    prefill: bool = False  # continues an assistant message it is given (continuation)
+    stream_usage: bool = True  # reports usage in a stream when `stream_options` asks
+
+
+class OutboundCall(Protocol):
+    """What an adapter reads of a client request (the pipeline's request context)."""
+
+    @property
+    def path(self) -> str: ...  # "/chat/completions", "/completions" or "/embeddings"
+    @property
+    def payload(self) -> dict[str, Any]: ...
+    @property
+    def raw(self) -> bytes: ...  # the client's body as it came
+    @property
+    def model(self) -> str: ...
+    @property
+    def edits(self) -> dict[str, Any]: ...  # outgoing changes; a value of None removes a key
+    @property
+    def credential(self) -> str: ...
+
+
+class SessionSource(Protocol):
+    """A durable (credential, model) -> session id map, for providers with sessions."""
+
+    async def get_or_create(self, credential: str, model: str, new: Callable[[], str]) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterContext:
+    """What an adapter may use from the layers that build it (all optional)."""
+
+    clock: Clock = SYSTEM_CLOCK
+    handle_refresh_margin: float = 60.0
+    sessions: SessionSource | None = None
+    shared_handles: SharedSource | None = None
+    on_event: Callable[[str, dict[str, Any]], None] | None = None  # what the gateway shows
+
+
+class Adapter:
+    """The OpenAI wire, unchanged: the base every OpenAI-compatible provider starts from."""
+
+    name: ClassVar[str] = "openai"
+    # Remote resource handles (per-run endpoints and tokens), for providers that use them.
+    handles: HandleCache | None = None
+
+    def __init__(self, deployment: Deployment, upstream: Upstream, context: AdapterContext):
+        self.deployment = deployment
+        self.upstream = upstream
+        self.context = context
+        self.capabilities = Capabilities(prefill=deployment.supports_prefill)
+
+    async def start(self) -> None:
+        """Prepare anything the provider needs before the first request."""
+
+    async def close(self) -> None:
+        """Release what `start` and the requests made."""
+
+    def upstream_model(self, model: str) -> str:
+        """The name the deployment knows the model by: its configured one, or the client's."""
+        configured = self.deployment.model
+        return model if configured is None or configured == "*" else configured
+
+    def body(self, call: OutboundCall, model: str, prefill: str | None = None) -> bytes:
+        """The request body for this deployment. The client's own bytes go out untouched
+        when nothing changes; otherwise the body is encoded once, with every edit applied.
+        `prefill`: text the answer must go on from (a continuation)."""
+        upstream_model = self.upstream_model(model)
+        if not call.edits and prefill is None and upstream_model == call.model:
+            return call.raw
+        payload = dict(call.payload)
+        for key, value in call.edits.items():
+            if value is None:
+                payload.pop(key, None)
+            else:
+                payload[key] = value
+        payload["model"] = upstream_model
+        if prefill is not None:
+            self.apply_prefill(call, payload, prefill)
+        return orjson.dumps(payload)
+
+    def apply_prefill(self, call: OutboundCall, payload: dict[str, Any], text: str) -> None:
+        """Ask the deployment to go on from `text`: a text completion's prompt simply grows;
+        a chat gets the text as a final assistant message where the provider continues one
+        (else the request is left as it is and the answer is regenerated)."""
+        if call.path == "/completions" and isinstance(payload.get("prompt"), str):
+            payload["prompt"] = payload["prompt"] + text
+        elif self.capabilities.prefill and text:
+            messages = list(payload.get("messages") or [])
+            messages.append({"role": "assistant", "content": text})
+            payload["messages"] = messages
+
+    def continues(self, call: OutboundCall) -> bool:
+        """True when a prefilled request makes this deployment go on from the text, so its
+        answer holds only the rest (no regeneration to check against what was sent)."""
+        if call.path == "/completions":
+            return isinstance(call.payload.get("prompt"), str)
+        return self.capabilities.prefill
+
+    def routed(
+        self, call: OutboundCall, model: str, send: Callable[[Route | None], Awaitable[T]]
+    ) -> Awaitable[T]:
+        """Run `send` with the route this call takes: None, the deployment's own URL and key."""
+        return send(None)

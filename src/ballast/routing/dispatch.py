@@ -1,0 +1,165 @@
+"""The two kinds of exchange, run through the one attempt loop: a whole answer, and a stream
+opened on the first deployment that produces a first token (hedged when configured)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from ballast.config import ModelGroup
+from ballast.providers.base import OutboundCall
+from ballast.resilience.clock import Clock
+from ballast.resilience.failures import Failure
+from ballast.routing.attempt import Attempt
+from ballast.routing.attempts import AttemptLoop, Attempts, Exchange, Routable, first_success
+from ballast.upstream.client import Route
+from ballast.upstream.exchange import Reply, UpstreamStream, fetch, open_stream
+
+T = TypeVar("T")
+
+
+class Call(OutboundCall, Routable, Protocol):
+    """A client request as dispatch needs it."""
+
+    @property
+    def request_id(self) -> str | None: ...
+
+
+@dataclass(slots=True)
+class OpenStream:
+    """A stream past its first token, with the attempt that holds its verdict."""
+
+    attempt: Attempt
+    stream: UpstreamStream
+    held: list[bytes]  # events read so far, not yet relayed
+
+    def abandon(self) -> None:
+        self.stream.close()
+        self.attempt.abandoned()
+
+
+class Dispatch:
+    def __init__(self, loop: AttemptLoop, clock: Clock) -> None:
+        self.loop = loop
+        self.clock = clock
+
+    def _routed(
+        self,
+        attempt: Attempt,
+        attempts: Attempts,
+        call: Call,
+        model: str,
+        send: Callable[[Route | None], Awaitable[T]],
+    ) -> Awaitable[T]:
+        """`send` through the deployment's adapter. A handle heal's second try is an attempt
+        of its own in the request's count."""
+        adapter = attempt.target.adapter
+        if adapter.handles is None:
+            return send(None)
+        tries = 0
+
+        def counted(route: Route | None) -> Awaitable[T]:
+            nonlocal tries
+            tries += 1
+            if tries > 1:
+                attempts.count += 1
+            return send(route)
+
+        return adapter.routed(call, model, counted)
+
+    async def complete(self, call: Call, group: ModelGroup, attempts: Attempts) -> Reply:
+        async def exchange(attempt: Attempt, model: str) -> Reply:
+            upstream = attempt.target.upstream
+            body = attempt.target.adapter.body(call, model)
+            reply = await self._routed(
+                attempt,
+                attempts,
+                call,
+                model,
+                lambda route: fetch(
+                    upstream, call.path, body, attempt.deadline, self.clock, call.request_id, route
+                ),
+            )
+            attempt.succeeded()
+            return reply
+
+        return await self.loop.run(call, group, attempts, exchange)
+
+    async def open(
+        self,
+        call: Call,
+        group: ModelGroup,
+        attempts: Attempts,
+        prefill: str | None = None,
+    ) -> OpenStream:
+        """A stream on the first deployment that produces a first token; `prefill` is the
+        text a continuation must go on from."""
+
+        def open_on(attempt: Attempt, model: str) -> Awaitable[OpenStream]:
+            return self._open_on(attempt, attempts, call, model, prefill)
+
+        async def exchange(attempt: Attempt, model: str) -> OpenStream:
+            delay = self.loop.hedge_delay(attempt.target)
+            if delay is None:
+                return await open_on(attempt, model)
+            return await self._hedged(attempt, attempts, model, delay, open_on)
+
+        return await self.loop.run(call, group, attempts, exchange)
+
+    async def _open_on(
+        self, attempt: Attempt, attempts: Attempts, call: Call, model: str, prefill: str | None
+    ) -> OpenStream:
+        target = attempt.target
+        body = target.adapter.body(call, model, prefill)
+        stream, held = await self._routed(
+            attempt,
+            attempts,
+            call,
+            model,
+            lambda route: open_stream(
+                target.upstream,
+                call.path,
+                body,
+                self.clock,
+                call.request_id,
+                route,
+                attempt.deadline,
+            ),
+        )
+        attempt.first_token()
+        return OpenStream(attempt, stream, held)
+
+    async def _hedged(
+        self,
+        attempt: Attempt,
+        attempts: Attempts,
+        model: str,
+        delay: float,
+        open_on: Exchange[OpenStream],
+    ) -> OpenStream:
+        """No first token after `delay`: ask a second deployment too, as one more attempt of
+        the request; the first to produce a token wins and the other is abandoned."""
+        primary = asyncio.ensure_future(open_on(attempt, model))
+        done, _ = await asyncio.wait({primary}, timeout=delay)
+        if done:
+            return primary.result()
+        backup = self.loop.hedge_target(attempt.target, attempts)
+        if backup is None:
+            return await primary
+        target, permit = backup
+        self.loop.on_event("hedge", {"deployment": target.id, "after": attempt.target.id})
+        second = asyncio.ensure_future(self.loop.attempt(target, permit, model, attempts, open_on))
+        winner = await first_success(primary, second, OpenStream.abandon)
+        if winner.attempt is not attempt:
+            # The loop ends the attempt it started only when this exchange fails: here the
+            # backup answered, so the primary's verdict is given now.
+            error = None if primary.cancelled() else primary.exception()
+            if isinstance(error, Failure):
+                error.deployment = attempt.id
+                attempts.failures.append(error)
+                attempt.failed(error)
+            else:
+                attempt.abandoned()
+        return winner

@@ -1,0 +1,154 @@
+"""Deployments at run time, and which model group a request's model names.
+
+Each deployment becomes a Target: its provider adapter, its own pool (a bulkhead), its
+circuit breaker and its health. Built once per configuration generation."""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ballast.config import Deployment, ModelGroup, Settings
+from ballast.providers import ADAPTERS, Adapter, AdapterContext
+from ballast.providers.base import SessionSource
+from ballast.resilience.breaker import BreakerConfig, CircuitBreaker
+from ballast.resilience.clock import Clock
+from ballast.resilience.handles import SharedSource
+from ballast.routing.health import DeploymentHealth, choose
+from ballast.upstream.client import Upstream
+
+log = logging.getLogger("ballast.routing")
+
+
+@dataclass(slots=True)
+class Target:
+    """A deployment at run time: its adapter and pool, its breaker and its health."""
+
+    deployment: Deployment
+    group: ModelGroup
+    adapter: Adapter
+    breaker: CircuitBreaker
+    health: DeploymentHealth
+    drained: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.deployment.id
+
+    @property
+    def upstream(self) -> Upstream:
+        return self.adapter.upstream
+
+
+def breaker_config(settings: Settings) -> BreakerConfig:
+    b = settings.routing.breaker
+    return BreakerConfig(
+        failure_threshold=b.failure_threshold,
+        failure_rate=b.failure_rate,
+        window=b.window,
+        min_calls=b.min_calls,
+        open_time=b.open_time,
+        max_open_time=b.max_open_time,
+        half_open_probes=b.half_open_probes,
+        probe_timeout=b.probe_timeout,
+    )
+
+
+class Targets:
+    """Every deployment of one configuration, by id and by model group."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        rng: random.Random,
+        on_event: Callable[[str, dict[str, Any]], None],
+        sessions: SessionSource | None = None,
+        shared_handles: Callable[[str], SharedSource] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.rng = rng
+        self._on_event = on_event
+        self.by_id: dict[str, Target] = {}
+        self._by_group: dict[str, list[Target]] = {}
+        self._exact: dict[str, ModelGroup] = {}
+        self._wildcards: list[ModelGroup] = []
+        config = breaker_config(settings)
+        routing = settings.routing
+        for group in settings.models:
+            if group.is_wildcard:
+                self._wildcards.append(group)
+            else:
+                self._exact[group.name] = group
+            members = []
+            for dep in group.deployments:
+                context = AdapterContext(
+                    clock=clock,
+                    handle_refresh_margin=routing.handle_refresh_margin,
+                    sessions=sessions,
+                    shared_handles=shared_handles(dep.id) if shared_handles else None,
+                    on_event=on_event,
+                )
+                upstream = Upstream(dep, settings.timeouts_for(dep), settings.upstream)
+                target = Target(
+                    dep,
+                    group,
+                    ADAPTERS[dep.provider](dep, upstream, context),
+                    CircuitBreaker(dep.id, config, clock, self._on_transition),
+                    DeploymentHealth(dep.id, clock, window=routing.health_window),
+                )
+                self.by_id[dep.id] = target
+                members.append(target)
+            self._by_group[group.name] = members
+
+    def _on_transition(self, name: str, old: Any, new: Any) -> None:
+        log.warning("breaker %s: %s -> %s", name, old.value, new.value)
+        self._on_event("breaker", {"deployment": name, "from": old.value, "to": new.value})
+
+    async def start(self) -> None:
+        for target in self.by_id.values():
+            await target.upstream.start()
+            await target.adapter.start()
+        warm = self.settings.upstream.warm_connections
+        await asyncio.gather(*(t.upstream.warm(warm) for t in self.by_id.values()))
+
+    async def close(self) -> None:
+        for target in self.by_id.values():
+            await target.adapter.close()
+            await target.upstream.close()
+
+    def values(self) -> list[Target]:
+        return list(self.by_id.values())
+
+    def resolve(self, model: str) -> ModelGroup | None:
+        group = self._exact.get(model)
+        if group is not None:
+            return group
+        for group in self._wildcards:
+            if fnmatch.fnmatchcase(model, group.name):
+                return group
+        return None
+
+    def public_models(self) -> list[str]:
+        return [g.name for g in self.settings.models if not g.is_wildcard]
+
+    def members(self, group: ModelGroup) -> list[Target]:
+        return self._by_group[group.name]
+
+    def ranked(self, group: ModelGroup) -> list[Target]:
+        """The group's deployments, most preferred first, by the group's strategy."""
+        members = self._by_group[group.name]
+        if len(members) == 1:
+            return members
+        return choose(
+            members,
+            group.strategy,
+            health=lambda t: t.health,
+            weight=lambda t: t.deployment.weight,
+            rng=self.rng,
+        )
