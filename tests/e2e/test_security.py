@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ballast.pipeline import access as access_module
 from ballast.api import admin as admin_module
 from ballast.config import parse_settings
+from ballast.pipeline import access as access_module
 from tests.e2e.test_routing import MESSAGES
 from tests.e2e.test_shutdown import free_port
 from tests.stack import Stack, deployment, group
