@@ -7,6 +7,7 @@ rule for the request's model (``PUT /sim/behaviour``), the ``*`` rule, the app d
 from __future__ import annotations
 
 import asyncio
+import uuid
 import gzip
 import math
 import random
@@ -359,6 +360,12 @@ async def _on_shutdown(app: web.Application) -> None:
 
 async def _name_header(request: web.Request, response: web.StreamResponse) -> None:
     response.headers["x-sim-name"] = request.app[SIM_STATE].name
+    # What OpenAI sends with every answer: its own request id, the organisation's quota
+    # and the time it took. A gateway should keep the first two to itself.
+    response.headers["x-request-id"] = f"req_{uuid.uuid4().hex}"
+    response.headers["x-ratelimit-limit-requests"] = "10000"
+    response.headers["x-ratelimit-remaining-requests"] = "9999"
+    response.headers["openai-processing-ms"] = "1"
 
 
 def create_app(
