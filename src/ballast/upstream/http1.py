@@ -17,6 +17,7 @@ the socket being read once a bounded buffer is full.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import zlib
 from collections import deque
@@ -83,12 +84,21 @@ def split_url(url: str) -> tuple[Origin, bytes]:
     return origin, target.encode("ascii")
 
 
+# What a header value must not hold: C0 controls but tab (CR, LF and NUL among them), and DEL.
+_BAD_VALUE = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def header_line(name: str, value: str) -> bytes:
     """One request header line, ending in CRLF. ValueError for a name or value that would
-    break the framing (header injection)."""
-    if not name or any(c in name for c in " \t\r\n:") or "\r" in value or "\n" in value:
+    break the framing (header injection), hold a control character, or not be Latin-1 (sent
+    as is, never silently turned into something else). Configured headers are checked
+    more strictly when the config loads; this guards values that arrive with a request."""
+    if not name or any(c in name for c in " \t\r\n:") or _BAD_VALUE.search(value):
         raise ValueError(f"invalid header {name!r}")
-    return f"{name}: {value}\r\n".encode("latin-1", "replace")
+    try:
+        return f"{name}: {value}\r\n".encode("latin-1")
+    except UnicodeEncodeError:
+        raise ValueError(f"invalid header {name!r}: not Latin-1") from None
 
 
 def header_lines(headers: dict[str, str]) -> bytes:
