@@ -309,6 +309,7 @@ class _Connection(asyncio.Protocol):
         self.response: Response | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.uses = 0  # requests sent on it; past one, it was reused from the pool
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -316,6 +317,7 @@ class _Connection(asyncio.Protocol):
     def send(self, head: bytes, body: bytes) -> Response:
         response = Response(self)
         self.response = response
+        self.uses += 1
         transport = self.transport
         if self.closed or transport is None or transport.is_closing():
             response._fail(Disconnected("upstream connection closed"))
@@ -439,7 +441,11 @@ class _Connection(asyncio.Protocol):
 class Pool:
     """Bounded keep-alive connections for one deployment (a bulkhead), to its base URL's
     origin and to any per-run endpoint it hands out. The newest idle connection is reused
-    first, so the rest age out after `keepalive` seconds."""
+    first, so the rest age out after `keepalive` seconds.
+
+    An idle connection the upstream closed just as we reused it (the keep-alive race) is
+    not the upstream failing: such a request is sent once more on a new connection, which
+    `silent_retries` counts, and the caller never sees it."""
 
     def __init__(
         self,
@@ -466,6 +472,7 @@ class Pool:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
+        self.silent_retries = 0
 
     @property
     def size(self) -> int:
@@ -483,18 +490,36 @@ class Pool:
         response = conn.send(head, body)
         try:
             await response.wait_headers()
+        except Disconnected:
+            response.close()
+            if conn.uses < 2 or response._head_bytes:
+                raise  # a new connection failing, or an answer begun: the caller's to judge
+        except BaseException:
+            response.close()
+            raise
+        else:
+            return response
+        # The reused connection had been closed before a byte of an answer came: the
+        # upstream dropped it idle, so the request is sent once more on a new one.
+        self.silent_retries += 1
+        conn = await self.acquire(origin, fresh=True)
+        response = conn.send(head, body)
+        try:
+            await response.wait_headers()
         except BaseException:
             response.close()
             raise
         return response
 
-    async def acquire(self, origin: Origin) -> _Connection:
+    async def acquire(self, origin: Origin, fresh: bool = False) -> _Connection:
+        """A connection to `origin`: the newest idle one, else a new one (always a new one
+        when `fresh`), waiting up to `pool_timeout` for room."""
         loop = asyncio.get_running_loop()
         deadline: float | None = None
         while True:
             if self._closed:
                 raise ConnectFailed("the connection pool is closed")
-            conn = self._take_idle(origin, loop.time())
+            conn = None if fresh else self._take_idle(origin, loop.time())
             if conn is not None:
                 return conn
             if self.size < self.limit or self._evict_idle():
