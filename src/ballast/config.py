@@ -81,6 +81,26 @@ def _value_problem(text: str) -> str | None:
     return None
 
 
+def _readable(path: str) -> str | None:
+    """Why a file cannot be read, or None when it can (read now, so a typo stops start-up)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
+class DeploymentTls(_Strict):
+    """TLS to one deployment. `ca_file` replaces the system trust store for it (as curl's
+    --cacert does): a private CA is trusted there and nowhere else."""
+
+    ca_file: str | None = None
+    client_cert: str | None = Field(None, description="PEM certificate (mTLS); may hold the key")
+    client_key: str | None = Field(None, description="PEM key, unencrypted, if not in the cert")
+    verify: bool = Field(True, description="false: any certificate is accepted (a lab only)")
+
+
 class Deployment(_Strict):
     # A rejected api_key or header must never be echoed back in an error.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
@@ -95,6 +115,7 @@ class Deployment(_Strict):
     pool_size: int | None = Field(None, ge=1)
     supports_prefill: bool = False
     headers: dict[str, str] = {}
+    tls: DeploymentTls | None = None
 
     @field_validator("url")
     @classmethod
@@ -131,6 +152,23 @@ class Deployment(_Strict):
                 raise ValueError(
                     f"deployment {_name(info)}: header {name!r} has {problem} in its value"
                 )
+        return value
+
+    @field_validator("tls")
+    @classmethod
+    def _tls(cls, value: DeploymentTls | None, info: ValidationInfo) -> DeploymentTls | None:
+        if value is None:
+            return None
+        if value.client_key is not None and value.client_cert is None:
+            raise ValueError(f"deployment {_name(info)}: tls.client_key needs tls.client_cert")
+        for field in ("ca_file", "client_cert", "client_key"):
+            path = getattr(value, field)
+            if path is not None:
+                problem = _readable(path)
+                if problem is not None:
+                    raise ValueError(
+                        f"deployment {_name(info)}: tls.{field}: cannot read {path} ({problem})"
+                    )
         return value
 
 

@@ -13,7 +13,7 @@ from ballast import __version__
 from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
-from ballast.upstream import http1
+from ballast.upstream import http1, tls
 from ballast.upstream.http1 import (
     Pool,
     Response,
@@ -111,13 +111,17 @@ class Upstream:
         self._pool: Pool | None = None
 
     async def start(self) -> None:
+        """Make the pool, with the deployment's own TLS context when it has one (ConfigError
+        for TLS files that cannot be loaded)."""
+        context = tls.context_for(self.id, self.deployment.tls)
         self._pool = Pool(
             limit=self.deployment.pool_size or self._settings.pool_size,
             keepalive=self._settings.keepalive_timeout,
             connect_timeout=self.timeouts.connect,
             pool_timeout=self.timeouts.pool,
+            ssl_context=context,
         )
-        if self.base_url.startswith("https:"):
+        if context is None and self.base_url.startswith("https:"):
             default_tls_context()  # load the trust store now, not on a request
 
     async def warm(self, count: int) -> None:
