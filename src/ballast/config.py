@@ -8,6 +8,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -115,6 +116,11 @@ class Deployment(_Strict):
     pool_size: int | None = Field(None, ge=1)
     supports_prefill: bool = False
     headers: dict[str, str] = {}
+    proxy: SecretStr | None = Field(
+        None,
+        description="http://[user:pass@]host:port; 'none' or empty: no proxy; unset: the"
+        " HTTPS_PROXY/HTTP_PROXY/NO_PROXY environment",
+    )
     tls: DeploymentTls | None = None
 
     @field_validator("url")
@@ -153,6 +159,30 @@ class Deployment(_Strict):
                     f"deployment {_name(info)}: header {name!r} has {problem} in its value"
                 )
         return value
+
+    @field_validator("proxy", mode="before")
+    @classmethod
+    def _proxy(cls, value: Any, info: ValidationInfo) -> SecretStr:
+        """Given at all, the setting wins over the environment: `none`, empty or a bare
+        `proxy:` mean direct connections."""
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+            return SecretStr("")
+        if not isinstance(value, str):
+            raise ValueError(f"deployment {_name(info)}: proxy must be a URL or 'none'")
+        text = value.strip()
+        # The URL may hold a password: the messages below never show it.
+        try:
+            parts = urlsplit(text)
+            parts.port  # noqa: B018 - raises for a port that is not a number in range
+        except ValueError:
+            raise ValueError(f"deployment {_name(info)}: proxy is not a URL") from None
+        if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError(
+                f"deployment {_name(info)}: proxy must be http://[user:pass@]host:port or 'none'"
+            )
+        return SecretStr(text)
 
     @field_validator("tls")
     @classmethod

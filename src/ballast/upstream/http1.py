@@ -7,6 +7,9 @@ in one go, parses the answer with httptools (the C parser uvicorn uses) straight
 response object, and hands the connection back to its pool once the answer was read to the
 end: about 10 us a request.
 
+Connections may go through an outbound proxy (`proxy.py` decides which, once per origin): a
+CONNECT tunnel for https, the proxy itself for plain http.
+
 It is a transport and nothing more: deadlines, stream clocks, retries and the error taxonomy
 stay with the exchange, which owns every wait and cancels it. It speaks HTTP/1.1 over TCP or
 TLS. Answers may be framed by length, by chunks or by the end of the connection; a body sent
@@ -22,10 +25,13 @@ import ssl
 import zlib
 from collections import deque
 from functools import lru_cache
-from typing import NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 from urllib.parse import urlsplit
 
 import httptools
+
+if TYPE_CHECKING:
+    from ballast.upstream.proxy import ProxyPolicy
 
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the socket pauses
 MAX_HEAD = 64 * 1024  # the most an answer's status line and headers may take
@@ -454,6 +460,7 @@ class Pool:
         connect_timeout: float,
         pool_timeout: float,
         ssl_context: ssl.SSLContext | None = None,
+        proxies: ProxyPolicy | None = None,
         high_water: int = HIGH_WATER,
         max_head: int = MAX_HEAD,
         drain_timeout: float = DRAIN_TIMEOUT,
@@ -466,6 +473,7 @@ class Pool:
         self.connect_timeout = connect_timeout
         self.pool_timeout = pool_timeout
         self._ssl = ssl_context
+        self._proxies = proxies
         self._idle: dict[Origin, list[_Connection]] = {}
         self._open: set[_Connection] = set()
         self._opening = 0
@@ -579,19 +587,7 @@ class Pool:
         self._opening += 1
         try:
             async with asyncio.timeout(self.connect_timeout):
-                if origin.tls:
-                    context = self._ssl or default_tls_context()
-                    _, protocol = await loop.create_connection(
-                        lambda: _Connection(self, origin),
-                        origin.host,
-                        origin.port,
-                        ssl=context,
-                        server_hostname=origin.host,
-                    )
-                else:
-                    _, protocol = await loop.create_connection(
-                        lambda: _Connection(self, origin), origin.host, origin.port
-                    )
+                conn = await self._dial(loop, origin)
         except BaseException as exc:
             self._opening -= 1
             self._wake_one()  # a failed attempt leaves room for a waiter
@@ -603,10 +599,31 @@ class Pool:
                 raise ConnectFailed(f"could not connect: {exc.strerror or exc}") from None
             raise
         self._opening -= 1
-        conn = protocol
         if conn.closed:
             raise Disconnected("upstream closed the connection at once")
         self._open.add(conn)
+        return conn
+
+    async def _dial(self, loop: asyncio.AbstractEventLoop, origin: Origin) -> _Connection:
+        """A new connection to `origin`: direct, to a forward proxy (plain http, the request
+        names the origin), or through a proxy's CONNECT tunnel (https)."""
+        proxy = self._proxies.for_origin(origin) if self._proxies is not None else None
+        context = (self._ssl or default_tls_context()) if origin.tls else None
+        if proxy is not None and context is not None:
+            conn = _Connection(self, origin)
+            conn.connection_made(await proxy.tunnel(origin, context, conn))
+            return conn
+        host, port = (origin.host, origin.port) if proxy is None else (proxy.host, proxy.port)
+        if context is None:
+            _, conn = await loop.create_connection(lambda: _Connection(self, origin), host, port)
+        else:
+            _, conn = await loop.create_connection(
+                lambda: _Connection(self, origin),
+                host,
+                port,
+                ssl=context,
+                server_hostname=origin.host,
+            )
         return conn
 
     def put_back(self, conn: _Connection) -> None:
