@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -51,9 +61,51 @@ class TimeoutOverrides(_Strict):
 
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+# Controls a header value must not hold: C0 (tab aside) and DEL; CR, LF and NUL among them.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# A host name, or an IPv6 literal in brackets (checked again below), then an optional port.
+_URL = re.compile(r"^https?://(?:[^/\s:\[\]]+|\[([0-9A-Fa-f:.]+)\])(?::\d+)?(?:/\S*)?$")
+
+
+def _value_problem(text: str) -> str | None:
+    """What makes a configured header value unusable, if anything.
+
+    Configured values must be printable ASCII (space and tab allowed): the YAML is read as
+    UTF-8 but a header goes out as Latin-1 bytes, so anything past ASCII would reach the
+    upstream as different bytes than the operator typed (a pasted curly quote or a
+    non-breaking space in a key turns into a 401 much later). Refused here, it is a clear
+    start-up error instead."""
+    if _CONTROL.search(text):
+        return "a control character"
+    if not text.isascii():
+        return "a non-ASCII character"
+    return None
+
+
+def _readable(path: str) -> str | None:
+    """Why a file cannot be read, or None when it can (read now, so a typo stops start-up)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
+class DeploymentTls(_Strict):
+    """TLS to one deployment. `ca_file` replaces the system trust store for it (as curl's
+    --cacert does): a private CA is trusted there and nowhere else."""
+
+    ca_file: str | None = None
+    client_cert: str | None = Field(None, description="PEM certificate (mTLS); may hold the key")
+    client_key: str | None = Field(None, description="PEM key, unencrypted, if not in the cert")
+    verify: bool = Field(True, description="false: any certificate is accepted (a lab only)")
 
 
 class Deployment(_Strict):
+    # A rejected api_key or header must never be echoed back in an error.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
     id: str = Field(min_length=1)
     url: str
     api_key: SecretStr | None = None
@@ -64,23 +116,95 @@ class Deployment(_Strict):
     pool_size: int | None = Field(None, ge=1)
     supports_prefill: bool = False
     headers: dict[str, str] = {}
+    proxy: SecretStr | None = Field(
+        None,
+        description="http://[user:pass@]host:port; 'none' or empty: no proxy; unset: the"
+        " HTTPS_PROXY/HTTP_PROXY/NO_PROXY environment",
+    )
+    tls: DeploymentTls | None = None
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not re.match(r"^https?://[^/\s:]+(:\d+)?(/\S*)?$", value):
+        match = _URL.match(value)
+        if not match:
             raise ValueError("not a URL")
+        if match.group(1) is not None:
+            try:
+                ipaddress.IPv6Address(match.group(1))
+            except ValueError:
+                raise ValueError("not a URL (bad IPv6 literal)") from None
         return value.rstrip("/")
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if value is not None:
+            problem = _value_problem(value.get_secret_value())
+            if problem is not None:
+                raise ValueError(f"deployment {_name(info)}: api_key has {problem} in it")
+        return value
 
     @field_validator("headers")
     @classmethod
-    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+    def _headers(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         for name, text in value.items():
             if not _TOKEN.match(name):
-                raise ValueError(f"header name {name!r} is not an HTTP token")
-            if any(c in text for c in "\r\n\0"):
-                raise ValueError(f"header {name!r} has a line break in its value")
+                raise ValueError(
+                    f"deployment {_name(info)}: header name {name!r} is not an HTTP token"
+                )
+            problem = _value_problem(text)
+            if problem is not None:
+                raise ValueError(
+                    f"deployment {_name(info)}: header {name!r} has {problem} in its value"
+                )
         return value
+
+    @field_validator("proxy", mode="before")
+    @classmethod
+    def _proxy(cls, value: Any, info: ValidationInfo) -> SecretStr:
+        """Given at all, the setting wins over the environment: `none`, empty or a bare
+        `proxy:` mean direct connections."""
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+            return SecretStr("")
+        if not isinstance(value, str):
+            raise ValueError(f"deployment {_name(info)}: proxy must be a URL or 'none'")
+        text = value.strip()
+        # The URL may hold a password: the messages below never show it.
+        try:
+            parts = urlsplit(text)
+            parts.port  # noqa: B018 - raises for a port that is not a number in range
+        except ValueError:
+            raise ValueError(f"deployment {_name(info)}: proxy is not a URL") from None
+        if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError(
+                f"deployment {_name(info)}: proxy must be http://[user:pass@]host:port or 'none'"
+            )
+        return SecretStr(text)
+
+    @field_validator("tls")
+    @classmethod
+    def _tls(cls, value: DeploymentTls | None, info: ValidationInfo) -> DeploymentTls | None:
+        if value is None:
+            return None
+        if value.client_key is not None and value.client_cert is None:
+            raise ValueError(f"deployment {_name(info)}: tls.client_key needs tls.client_cert")
+        for field in ("ca_file", "client_cert", "client_key"):
+            path = getattr(value, field)
+            if path is not None:
+                problem = _readable(path)
+                if problem is not None:
+                    raise ValueError(
+                        f"deployment {_name(info)}: tls.{field}: cannot read {path} ({problem})"
+                    )
+        return value
+
+
+def _name(info: ValidationInfo) -> str:
+    """The deployment being validated, for an error message (its id is checked first)."""
+    return repr(info.data.get("id", "?"))
 
 
 class CacheSettings(_Strict):

@@ -450,3 +450,53 @@ async def test_a_full_pool_is_busy_not_failing(serve) -> None:  # type: ignore[n
     assert again.status == 200
     again.release()
     await upstream.close()
+
+
+def test_config_accepts_ipv6_literal_urls() -> None:
+    from pydantic import ValidationError
+
+    from ballast.config import Deployment
+
+    for url in ("http://[::1]:9000/v1", "https://[2001:db8::1]/v1", "http://[::ffff:10.0.0.1]"):
+        assert Deployment(id="a", url=url).url == url
+    for url in ("http://[::1/v1", "http://[zz::1]:9000/v1", "http://::1:9000/v1"):
+        with pytest.raises(ValidationError):
+            Deployment(id="a", url=url)
+    origin, target = split_url("http://[::1]:9000/v1/chat")
+    assert origin.host == "::1" and origin.port == 9000 and target == b"/v1/chat"
+    assert origin.host_header == b"host: [::1]:9000\r\n"
+
+
+async def test_an_ipv6_loopback_upstream_is_reachable() -> None:
+    import socket
+
+    from ballast.config import Deployment, Timeouts, UpstreamSettings
+    from ballast.upstream.client import Upstream
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    seen: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        await reader.readexactly(2)
+        writer.write(OK)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "::1", 0)
+    port = server.sockets[0].getsockname()[1]
+    upstream = Upstream(
+        Deployment(id="v6", url=f"http://[::1]:{port}/v1"), Timeouts(), UpstreamSettings()
+    )
+    await upstream.start()
+    response = await upstream.post("/chat/completions", b"{}")
+    assert response.status == 200 and await response.read() == b'{"ok":true}'
+    response.release()
+    await upstream.close()
+    server.close()
+    assert seen[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert f"host: [::1]:{port}\r\n".encode() in seen[0]

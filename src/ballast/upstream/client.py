@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any, NamedTuple
 
 import orjson
@@ -13,7 +14,7 @@ from ballast import __version__
 from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
-from ballast.upstream import http1
+from ballast.upstream import http1, proxy, tls
 from ballast.upstream.http1 import (
     Pool,
     Response,
@@ -109,15 +110,23 @@ class Upstream:
         self._fixed_lines = header_lines(headers)
         self._auth_lines = header_lines(auth)
         self._pool: Pool | None = None
+        self._proxies: proxy.ProxyPolicy | None = None
 
     async def start(self) -> None:
+        """Make the pool, with the deployment's own TLS context when it has one and its
+        proxies (its `proxy` setting, else the environment's). ConfigError for TLS files
+        or a proxy URL that cannot be used."""
+        context = tls.context_for(self.id, self.deployment.tls)
+        self._proxies = proxy.policy_for(self.id, self.deployment.proxy, os.environ)
         self._pool = Pool(
             limit=self.deployment.pool_size or self._settings.pool_size,
             keepalive=self._settings.keepalive_timeout,
             connect_timeout=self.timeouts.connect,
             pool_timeout=self.timeouts.pool,
+            ssl_context=context,
+            proxies=self._proxies,
         )
-        if self.base_url.startswith("https:"):
+        if context is None and self.base_url.startswith("https:"):
             default_tls_context()  # load the trust store now, not on a request
 
     async def warm(self, count: int) -> None:
@@ -173,7 +182,12 @@ class Upstream:
             origin, target = split_url(url)
         except ValueError:
             raise Failure(failures.CONNECT, "not a usable URL", deployment=self.id) from None
-        parts = [method.encode(), b" ", target, b" HTTP/1.1\r\n", origin.host_header]
+        forward = self._proxies.forward(origin) if self._proxies is not None else None
+        if forward is None:
+            parts = [method.encode(), b" ", target, b" HTTP/1.1\r\n", origin.host_header]
+        else:  # plain http through a proxy: the absolute URL, and the proxy's credentials
+            parts = [method.encode(), b" ", forward.prefix, target, b" HTTP/1.1\r\n"]
+            parts += (origin.host_header, forward.authorization)
         parts.append(self._fixed_lines)
         if not own_auth:
             parts.append(self._auth_lines)

@@ -7,6 +7,9 @@ in one go, parses the answer with httptools (the C parser uvicorn uses) straight
 response object, and hands the connection back to its pool once the answer was read to the
 end: about 10 us a request.
 
+Connections may go through an outbound proxy (`proxy.py` decides which, once per origin): a
+CONNECT tunnel for https, the proxy itself for plain http.
+
 It is a transport and nothing more: deadlines, stream clocks, retries and the error taxonomy
 stay with the exchange, which owns every wait and cancels it. It speaks HTTP/1.1 over TCP or
 TLS. Answers may be framed by length, by chunks or by the end of the connection; a body sent
@@ -17,14 +20,18 @@ the socket being read once a bounded buffer is full.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import zlib
 from collections import deque
 from functools import lru_cache
-from typing import NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 from urllib.parse import urlsplit
 
 import httptools
+
+if TYPE_CHECKING:
+    from ballast.upstream.proxy import ProxyPolicy
 
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the socket pauses
 MAX_HEAD = 64 * 1024  # the most an answer's status line and headers may take
@@ -83,12 +90,21 @@ def split_url(url: str) -> tuple[Origin, bytes]:
     return origin, target.encode("ascii")
 
 
+# What a header value must not hold: C0 controls but tab (CR, LF and NUL among them), and DEL.
+_BAD_VALUE = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def header_line(name: str, value: str) -> bytes:
     """One request header line, ending in CRLF. ValueError for a name or value that would
-    break the framing (header injection)."""
-    if not name or any(c in name for c in " \t\r\n:") or "\r" in value or "\n" in value:
+    break the framing (header injection), hold a control character, or not be Latin-1 (sent
+    as is, never silently turned into something else). Configured headers are checked
+    more strictly when the config loads; this guards values that arrive with a request."""
+    if not name or any(c in name for c in " \t\r\n:") or _BAD_VALUE.search(value):
         raise ValueError(f"invalid header {name!r}")
-    return f"{name}: {value}\r\n".encode("latin-1", "replace")
+    try:
+        return f"{name}: {value}\r\n".encode("latin-1")
+    except UnicodeEncodeError:
+        raise ValueError(f"invalid header {name!r}: not Latin-1") from None
 
 
 def header_lines(headers: dict[str, str]) -> bytes:
@@ -299,6 +315,7 @@ class _Connection(asyncio.Protocol):
         self.response: Response | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.uses = 0  # requests sent on it; past one, it was reused from the pool
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -306,6 +323,7 @@ class _Connection(asyncio.Protocol):
     def send(self, head: bytes, body: bytes) -> Response:
         response = Response(self)
         self.response = response
+        self.uses += 1
         transport = self.transport
         if self.closed or transport is None or transport.is_closing():
             response._fail(Disconnected("upstream connection closed"))
@@ -429,7 +447,11 @@ class _Connection(asyncio.Protocol):
 class Pool:
     """Bounded keep-alive connections for one deployment (a bulkhead), to its base URL's
     origin and to any per-run endpoint it hands out. The newest idle connection is reused
-    first, so the rest age out after `keepalive` seconds."""
+    first, so the rest age out after `keepalive` seconds.
+
+    An idle connection the upstream closed just as we reused it (the keep-alive race) is
+    not the upstream failing: such a request is sent once more on a new connection, which
+    `silent_retries` counts, and the caller never sees it."""
 
     def __init__(
         self,
@@ -438,6 +460,7 @@ class Pool:
         connect_timeout: float,
         pool_timeout: float,
         ssl_context: ssl.SSLContext | None = None,
+        proxies: ProxyPolicy | None = None,
         high_water: int = HIGH_WATER,
         max_head: int = MAX_HEAD,
         drain_timeout: float = DRAIN_TIMEOUT,
@@ -450,12 +473,14 @@ class Pool:
         self.connect_timeout = connect_timeout
         self.pool_timeout = pool_timeout
         self._ssl = ssl_context
+        self._proxies = proxies
         self._idle: dict[Origin, list[_Connection]] = {}
         self._open: set[_Connection] = set()
         self._opening = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
+        self.silent_retries = 0
 
     @property
     def size(self) -> int:
@@ -473,18 +498,36 @@ class Pool:
         response = conn.send(head, body)
         try:
             await response.wait_headers()
+        except Disconnected:
+            response.close()
+            if conn.uses < 2 or response._head_bytes:
+                raise  # a new connection failing, or an answer begun: the caller's to judge
+        except BaseException:
+            response.close()
+            raise
+        else:
+            return response
+        # The reused connection had been closed before a byte of an answer came: the
+        # upstream dropped it idle, so the request is sent once more on a new one.
+        self.silent_retries += 1
+        conn = await self.acquire(origin, fresh=True)
+        response = conn.send(head, body)
+        try:
+            await response.wait_headers()
         except BaseException:
             response.close()
             raise
         return response
 
-    async def acquire(self, origin: Origin) -> _Connection:
+    async def acquire(self, origin: Origin, fresh: bool = False) -> _Connection:
+        """A connection to `origin`: the newest idle one, else a new one (always a new one
+        when `fresh`), waiting up to `pool_timeout` for room."""
         loop = asyncio.get_running_loop()
         deadline: float | None = None
         while True:
             if self._closed:
                 raise ConnectFailed("the connection pool is closed")
-            conn = self._take_idle(origin, loop.time())
+            conn = None if fresh else self._take_idle(origin, loop.time())
             if conn is not None:
                 return conn
             if self.size < self.limit or self._evict_idle():
@@ -544,19 +587,7 @@ class Pool:
         self._opening += 1
         try:
             async with asyncio.timeout(self.connect_timeout):
-                if origin.tls:
-                    context = self._ssl or default_tls_context()
-                    _, protocol = await loop.create_connection(
-                        lambda: _Connection(self, origin),
-                        origin.host,
-                        origin.port,
-                        ssl=context,
-                        server_hostname=origin.host,
-                    )
-                else:
-                    _, protocol = await loop.create_connection(
-                        lambda: _Connection(self, origin), origin.host, origin.port
-                    )
+                conn = await self._dial(loop, origin)
         except BaseException as exc:
             self._opening -= 1
             self._wake_one()  # a failed attempt leaves room for a waiter
@@ -568,10 +599,31 @@ class Pool:
                 raise ConnectFailed(f"could not connect: {exc.strerror or exc}") from None
             raise
         self._opening -= 1
-        conn = protocol
         if conn.closed:
             raise Disconnected("upstream closed the connection at once")
         self._open.add(conn)
+        return conn
+
+    async def _dial(self, loop: asyncio.AbstractEventLoop, origin: Origin) -> _Connection:
+        """A new connection to `origin`: direct, to a forward proxy (plain http, the request
+        names the origin), or through a proxy's CONNECT tunnel (https)."""
+        proxy = self._proxies.for_origin(origin) if self._proxies is not None else None
+        context = (self._ssl or default_tls_context()) if origin.tls else None
+        if proxy is not None and context is not None:
+            conn = _Connection(self, origin)
+            conn.connection_made(await proxy.tunnel(origin, context, conn))
+            return conn
+        host, port = (origin.host, origin.port) if proxy is None else (proxy.host, proxy.port)
+        if context is None:
+            _, conn = await loop.create_connection(lambda: _Connection(self, origin), host, port)
+        else:
+            _, conn = await loop.create_connection(
+                lambda: _Connection(self, origin),
+                host,
+                port,
+                ssl=context,
+                server_hostname=origin.host,
+            )
         return conn
 
     def put_back(self, conn: _Connection) -> None:
