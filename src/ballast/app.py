@@ -18,6 +18,7 @@ from ballast.api.admin import Admin, Generation
 from ballast.api.jobs import JobsApi
 from ballast.api.keys_admin import KeysAdmin
 from ballast.api.openai import OpenAIHandlers
+from ballast.cache.service import build_cache
 from ballast.config import Settings
 from ballast.heap import settle_after_startup
 from ballast.jobs.dispatcher import Dispatcher
@@ -160,7 +161,7 @@ class BallastApp:
         self.jobs.access = access
         if self.dispatcher is not None:
             self.dispatcher.start()
-        self.pipeline.cache = self.state.cache
+        self.pipeline.cache = build_cache(self.settings, self.state.store, self.clock)
         await self.router.start()
         self.observer.metrics.deployments(self.router.targets)
         self.observer.metrics.start()

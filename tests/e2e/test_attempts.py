@@ -4,6 +4,7 @@ timeout bounds its attempts, and upstream bookkeeping headers stay with the gate
 
 from __future__ import annotations
 
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -38,9 +39,12 @@ def test_streams_that_break_after_their_first_token_open_the_breaker(stack: Stac
     assert len(stack.attempts(a)) - before <= 1
 
 
-def test_a_diverged_continuation_hands_back_its_probe_permit(stack: Stack) -> None:
+def test_a_diverged_continuation_takes_no_probe_permit_of_its_own(stack: Stack) -> None:
+    """The continuation's stream is judged with the permit it was admitted with. Here the
+    breaker moves to half-open while it runs (another client's failures opened it); when the
+    regenerated answer turns out to differ, no probe may be taken on its behalf and kept."""
     a = stack.sim("cut?after=5&tokens=60", name="a")
-    b = stack.sim("ok?tokens=3", name="b")  # a shorter, different answer: it diverges
+    b = stack.sim("ok?tokens=3&delay=0.3", name="b")  # agrees at first, then ends too soon
     gateway = stack.gateway(
         config(
             ordered("chat", deployment("a", a), deployment("b", b)),
@@ -48,21 +52,31 @@ def test_a_diverged_continuation_hands_back_its_probe_permit(stack: Stack) -> No
         )
     )
     breaker = gateway.router.targets["b"].breaker
+    outcome: list[BaseException] = []
 
-    async def half_open() -> None:
+    def consume() -> None:
+        try:
+            for _ in chat(client(gateway), stream=True):
+                pass
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not stack.attempts(b) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stack.attempts(b), "no continuation started"
+
+    async def reopen() -> None:
         breaker.force_open(0.01)
 
-    stack.thread.run(half_open())
+    stack.thread.run(reopen())
     time.sleep(0.05)
     assert breaker.state.value == "half_open"
-    text = ""
-    with pytest.raises(openai.APIError) as info:
-        for chunk in chat(client(gateway), stream=True):
-            if chunk.choices:
-                text += chunk.choices[0].delta.content or ""
-    assert text == full(5)
-    assert "upstream_stream_cut" in str(info.value.body)
-    assert len(stack.attempts(b)) == 1  # the continuation was the probe
+    thread.join(10)
+    assert outcome and isinstance(outcome[0], openai.APIError)
+    assert "upstream_stream_cut" in str(outcome[0].body)  # the original fault is reported
     snapshot = breaker.snapshot()
     assert snapshot["probes_in_flight"] == 0
     assert snapshot["retry_after"] == 0.0  # the next request may probe at once

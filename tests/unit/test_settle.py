@@ -12,7 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from ballast.config import Settings
-from ballast.pipeline.access import Access, Ticket, token_counts
+from ballast.pipeline.access import Access, token_counts
+from ballast.pipeline.context import Ticket
 from ballast.resilience.clock import ManualClock
 from ballast.state.db import Database
 from ballast.state.keys import KeyRecord, KeyService

@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 import orjson
@@ -31,8 +31,22 @@ from ballast.pipeline.errors import ApiError
 from ballast.pipeline.pipeline import Pipeline
 from ballast.routing.router import Router
 
-if TYPE_CHECKING:
-    from ballast.app import BallastApp
+
+class Gateway(Protocol):
+    """What the admin API reads and swaps of the running gateway (the app, without
+    importing it): its settings, the generation requests run on, and its counters."""
+
+    settings: Settings
+    generation: Generation
+    observer: Observer
+    router: Router
+    openai: OpenAIHandlers
+    pipeline: Pipeline
+    config_path: str | None
+    ready: bool
+    max_in_flight: int
+    shed: int
+
 
 log = logging.getLogger("ballast.admin")
 
@@ -149,7 +163,7 @@ def _unauthorized(message: str) -> ApiError:
 
 
 class Admin:
-    def __init__(self, app: BallastApp) -> None:
+    def __init__(self, app: Gateway) -> None:
         self.app = app
         self.started = time.time()
         self.reloads = 0

@@ -9,8 +9,10 @@ from typing import Any
 
 from ballast.cache.flight import SingleFlight
 from ballast.cache.keys import cache_key
-from ballast.cache.store import CacheStore
-from ballast.config import CacheSettings
+from ballast.cache.store import CacheStore, LocalCacheStore, RedisCacheStore
+from ballast.config import CacheSettings, Settings
+from ballast.resilience.clock import Clock
+from ballast.state.store import RedisStore
 
 log = logging.getLogger("ballast.cache")
 
@@ -117,3 +119,15 @@ class ResponseCache:
                 return Lookup(self, key, settings, HIT, False, body)
         self.misses += 1
         return Lookup(self, key, settings, MISS, mode.write, leads=leads)
+
+
+def build_cache(settings: Settings, store: RedisStore | None, clock: Clock) -> ResponseCache:
+    """The response cache: in Redis when the gateway has it (shared by every instance),
+    else in this process's memory, bounded."""
+    state = settings.state
+    backend: CacheStore = (
+        RedisCacheStore(store, state.cache_prefix)
+        if store is not None
+        else LocalCacheStore(state.cache_local_bytes, clock=clock)
+    )
+    return ResponseCache(backend)

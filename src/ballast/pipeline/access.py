@@ -9,16 +9,15 @@ import itertools
 import logging
 import math
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from ballast.config import Settings
 from ballast.pipeline.asgi import Scope, header
-from ballast.pipeline.context import RequestContext
+from ballast.pipeline.context import RequestContext, Ticket
 from ballast.pipeline.errors import ApiError
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
-from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter
+from ballast.state.ratelimit import Limits, RateLimited, RateLimiter
 from ballast.state.spend import SpendRecorder, cost_of, period_of
 
 log = logging.getLogger("ballast.access")
@@ -26,15 +25,6 @@ log = logging.getLogger("ballast.access")
 MASTER = KeyRecord(id="master", name="master key")
 MAX_RECENT_KEYS = 10_000
 DEFAULT_COMPLETION_ESTIMATE = 256
-
-
-@dataclass(slots=True)
-class Ticket:
-    """One admitted request: the key it runs under and what it holds."""
-
-    key: KeyRecord
-    lease: Lease | None
-    estimated_tokens: int
 
 
 def invalid_key(message: str = "Incorrect API key provided.") -> ApiError:

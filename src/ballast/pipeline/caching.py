@@ -33,7 +33,8 @@ from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import bad_request
 
 if TYPE_CHECKING:
-    from ballast.pipeline.access import Access, Ticket
+    from ballast.pipeline.access import Access
+    from ballast.pipeline.context import Ticket
 
 HEADER = b"x-ballast-cache"
 _WORDS: dict[str, Mode] = {

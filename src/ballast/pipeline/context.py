@@ -7,11 +7,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ballast.config import ModelGroup
+from ballast.state.keys import KeyRecord
+from ballast.state.ratelimit import Lease
 
 if TYPE_CHECKING:
     from ballast.cache.service import Lookup
-    from ballast.pipeline.access import Ticket
     from ballast.routing.attempts import Attempts
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One admitted request: the key it runs under and what it holds."""
+
+    key: KeyRecord
+    lease: Lease | None
+    estimated_tokens: int
 
 
 @dataclass(slots=True)

@@ -7,13 +7,13 @@ rule for the request's model (``PUT /sim/behaviour``), the ``*`` rule, the app d
 from __future__ import annotations
 
 import asyncio
-import uuid
 import gzip
 import math
 import random
 import socket
 import struct
 import time
+import uuid
 from typing import Any
 
 import orjson

@@ -15,13 +15,26 @@ import asyncio
 import itertools
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
-from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+
+class Clock(Protocol):
+    """The simulator's own view of time (it uses none of the gateway's code): anything with
+    a monotonic reading, such as a test's manual clock."""
+
+    def monotonic(self) -> float: ...
+
+
+class _SystemClock:
+    monotonic = staticmethod(time.monotonic)
+
+
+SYSTEM_CLOCK: Clock = _SystemClock()
 
 UNREACHABLE_MODES = ("503", "hang", "reset")
 HANG_POLL = 0.02

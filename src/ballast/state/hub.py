@@ -7,8 +7,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ballast.cache.service import ResponseCache
-from ballast.cache.store import CacheStore, LocalCacheStore, RedisCacheStore
 from ballast.config import Settings
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.db import Database
@@ -36,12 +34,6 @@ class StateHub:
         self.spend = SpendRecorder(
             self.db, self.store, state.spend_journal, state.spend_flush_interval, clock
         )
-        cache_store: CacheStore = (
-            RedisCacheStore(self.store, state.cache_prefix)
-            if self.store is not None
-            else LocalCacheStore(state.cache_local_bytes, clock=clock)
-        )
-        self.cache = ResponseCache(cache_store)
 
     async def start(self) -> None:
         await self.db.upgrade()

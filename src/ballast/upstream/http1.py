@@ -25,13 +25,10 @@ import ssl
 import zlib
 from collections import deque
 from functools import lru_cache
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import NamedTuple, Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
-
-if TYPE_CHECKING:
-    from ballast.upstream.proxy import ProxyPolicy
 
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the socket pauses
 MAX_HEAD = 64 * 1024  # the most an answer's status line and headers may take
@@ -67,6 +64,24 @@ class Origin(NamedTuple):
     host: str
     port: int
     host_header: bytes  # the request's `host` line, ready to write
+
+
+class ProxyHop(Protocol):
+    """A proxy a connection goes through (see `proxy.py`)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    async def tunnel(
+        self, origin: Origin, context: ssl.SSLContext, protocol: asyncio.Protocol
+    ) -> asyncio.Transport: ...
+
+
+class ProxyChoice(Protocol):
+    """Which proxy, if any, serves an origin (`proxy.ProxyPolicy`)."""
+
+    def for_origin(self, origin: Origin) -> ProxyHop | None: ...
 
 
 @lru_cache(maxsize=1024)
@@ -460,7 +475,7 @@ class Pool:
         connect_timeout: float,
         pool_timeout: float,
         ssl_context: ssl.SSLContext | None = None,
-        proxies: ProxyPolicy | None = None,
+        proxies: ProxyChoice | None = None,
         high_water: int = HIGH_WATER,
         max_head: int = MAX_HEAD,
         drain_timeout: float = DRAIN_TIMEOUT,
