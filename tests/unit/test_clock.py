@@ -1,18 +1,130 @@
-"""The clock's timers: a ManualClock runs them as it passes their time, the system clock on
-the loop, on the monotonic timeline its readings come from."""
+"""Every timer runs on the injected clock, I/O deadlines included: with a ManualClock a stalled
+stream or a slow answer fails the moment the clock passes its bound, and not a moment before,
+with real loopback sockets and no real waiting."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+import pytest
+
+from ballast.config import Deployment, Timeouts, UpstreamSettings
+from ballast.resilience import failures
 from ballast.resilience.clock import SYSTEM_CLOCK, ManualClock
+from ballast.resilience.failures import Failure
+from ballast.upstream.client import Upstream
+from ballast.upstream.exchange import fetch, open_stream
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+def chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+ROLE = chunked(b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n')
+TEXT = chunked(b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n')
+
+
+async def read_request(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            await reader.readexactly(int(line.split(b":", 1)[1]))
+
+
+def scripted(*parts: bytes, sent: asyncio.Event | None = None) -> Handler:
+    """Read one request, write `parts`, then hold the connection open and silent."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        for part in parts:
+            writer.write(part)
+        await writer.drain()
+        if sent is not None:
+            sent.set()
+        await reader.read()  # until the client goes away
+
+    return handler
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
+    """Start a loopback server; returns its base URL."""
+    servers: list[asyncio.Server] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def start(handler: Handler) -> str:
+        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writers.append(writer)
+            try:
+                await handler(reader, writer)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(run, "127.0.0.1", 0)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+
+    yield start
+    for writer in writers:
+        writer.close()
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+async def upstreams() -> AsyncIterator[Callable[..., Awaitable[Upstream]]]:
+    started: list[Upstream] = []
+
+    async def make(url: str, clock: ManualClock, pool_size: int = 4, **timeouts: float) -> Upstream:
+        deployment = Deployment(id="d", url=url, pool_size=pool_size)
+        upstream = Upstream(deployment, Timeouts(**timeouts), UpstreamSettings())
+        await upstream.start()
+        started.append(upstream)
+        return upstream
+
+    yield make
+    for upstream in started:
+        await upstream.close()
 
 
 async def turns(n: int = 5) -> None:
     for _ in range(n):
         await asyncio.sleep(0)
+
+
+async def until(condition: Callable[[], object]) -> None:
+    """Let real I/O happen (loopback: a millisecond or so) until `condition` holds."""
+    deadline = time.monotonic() + 2.0
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.001)
+
+
+async def fails_only_after(
+    clock: ManualClock, task: asyncio.Future[object], bound: float
+) -> BaseException:
+    """`task` is still waiting just short of `bound` seconds of clock time, and has failed
+    once the clock passes it; its exception."""
+    await turns()
+    clock.advance(bound - 1.0)
+    await turns()
+    assert not task.done(), "gave up before its bound"
+    clock.advance(2.0)
+    done, _ = await asyncio.wait([task], timeout=2.0)  # real time: a bound, never reached
+    assert done, "still waiting although the clock passed its bound"
+    error = task.exception()
+    assert error is not None
+    return error
 
 
 # -- the clock's own timers -----------------------------------------------------------------
@@ -72,3 +184,69 @@ async def test_the_system_clock_arms_timers_on_the_monotonic_timeline() -> None:
     SYSTEM_CLOCK.call_at(time.monotonic() + 0.003, lambda: fired.set_result(1)).cancel()
     SYSTEM_CLOCK.call_later(0.005, lambda: None if fired.done() else fired.set_result(2))
     assert await asyncio.wait_for(fired, 1.0) == 2
+
+
+# -- the stream's two clocks ----------------------------------------------------------------
+
+
+async def test_a_stream_gone_silent_fails_once_the_clock_passes_inter_chunk(
+    serve: Callable[[Handler], Awaitable[str]], upstreams: Callable[..., Awaitable[Upstream]]
+) -> None:
+    clock = ManualClock()
+    url = await serve(scripted(SSE_HEAD, ROLE, TEXT))
+    upstream = await upstreams(url, clock, inter_chunk=900.0)
+    stream, held = await open_stream(upstream, "/chat/completions", b"{}", clock)
+    assert len(held) == 2
+    task = asyncio.ensure_future(stream.next_events())
+    error = await fails_only_after(clock, task, 900.0)
+    stream.close()
+    assert isinstance(error, Failure)
+    assert error.kind is failures.INTER_CHUNK_TIMEOUT
+
+
+async def test_a_stream_with_no_first_token_fails_once_the_clock_passes_first_token(
+    serve: Callable[[Handler], Awaitable[str]], upstreams: Callable[..., Awaitable[Upstream]]
+) -> None:
+    clock = ManualClock()
+    sent = asyncio.Event()
+    url = await serve(scripted(SSE_HEAD, sent=sent))  # the answer's headers, then silence
+    upstream = await upstreams(url, clock, first_token=45.0, inter_chunk=900.0)
+    task = asyncio.ensure_future(open_stream(upstream, "/chat/completions", b"{}", clock))
+    await until(sent.is_set)
+    await asyncio.sleep(0.003)  # the headers cross the loopback
+    error = await fails_only_after(clock, task, 45.0)
+    assert isinstance(error, Failure)
+    assert error.kind is failures.FIRST_TOKEN_TIMEOUT
+    assert error.message == "upstream went silent"  # after the answer's headers, not before
+
+
+async def test_a_whole_answer_fails_once_the_clock_passes_the_request_deadline(
+    serve: Callable[[Handler], Awaitable[str]], upstreams: Callable[..., Awaitable[Upstream]]
+) -> None:
+    """The router's request deadline and the exchange's budget are on one timeline."""
+    clock = ManualClock()
+    partial = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 40\r\n\r\n{"
+    sent = asyncio.Event()
+    url = await serve(scripted(partial, sent=sent))
+    upstream = await upstreams(url, clock, answer=600.0)
+    deadline = clock.monotonic() + 120.0
+    task = asyncio.ensure_future(fetch(upstream, "/chat/completions", b"{}", deadline, clock))
+    await until(sent.is_set)
+    error = await fails_only_after(clock, task, 120.0)
+    assert isinstance(error, Failure)
+    assert error.kind is failures.REQUEST_TIMEOUT
+
+
+async def test_a_whole_answer_fails_once_the_clock_passes_its_answer_budget(
+    serve: Callable[[Handler], Awaitable[str]], upstreams: Callable[..., Awaitable[Upstream]]
+) -> None:
+    clock = ManualClock()
+    sent = asyncio.Event()
+    url = await serve(scripted(sent=sent))  # reads the request, never answers
+    upstream = await upstreams(url, clock, answer=300.0)
+    deadline = clock.monotonic() + 3600.0
+    task = asyncio.ensure_future(fetch(upstream, "/chat/completions", b"{}", deadline, clock))
+    await until(sent.is_set)
+    error = await fails_only_after(clock, task, 300.0)
+    assert isinstance(error, Failure)
+    assert error.kind is failures.REQUEST_TIMEOUT
