@@ -1,12 +1,13 @@
 """Every timer runs on the injected clock, I/O deadlines included: with a ManualClock a stalled
-stream or a slow answer fails the moment the clock passes its bound, and not a moment before,
-with real loopback sockets and no real waiting."""
+stream, a full pool, a blackholed connect or a slow answer fails the moment the clock passes
+its bound, and not a moment before, with real loopback sockets and no real waiting."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
@@ -16,12 +17,14 @@ from ballast.resilience.clock import SYSTEM_CLOCK, ManualClock
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
 from ballast.upstream.exchange import fetch, open_stream
+from ballast.upstream.http1 import Pool, split_url
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 )
+OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
 
 
 def chunked(data: bytes) -> bytes:
@@ -54,6 +57,13 @@ def scripted(*parts: bytes, sent: asyncio.Event | None = None) -> Handler:
     return handler
 
 
+async def keep_answering(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while True:
+        await read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+
+
 @pytest.fixture
 async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
     """Start a loopback server; returns its base URL."""
@@ -82,12 +92,34 @@ async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
 
 
 @pytest.fixture
+def blackhole() -> Iterator[str]:
+    """A base URL whose connects hang: a listener that never accepts, its queue full (the
+    kernel then drops further SYNs, as a firewall that drops packets would)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    yield f"http://127.0.0.1:{port}/v1"
+    for sock in [*fillers, listener]:
+        sock.close()
+
+
+@pytest.fixture
 async def upstreams() -> AsyncIterator[Callable[..., Awaitable[Upstream]]]:
     started: list[Upstream] = []
 
     async def make(url: str, clock: ManualClock, pool_size: int = 4, **timeouts: float) -> Upstream:
         deployment = Deployment(id="d", url=url, pool_size=pool_size)
-        upstream = Upstream(deployment, Timeouts(**timeouts), UpstreamSettings())
+        upstream = Upstream(deployment, Timeouts(**timeouts), UpstreamSettings(), clock=clock)
         await upstream.start()
         started.append(upstream)
         return upstream
@@ -250,3 +282,66 @@ async def test_a_whole_answer_fails_once_the_clock_passes_its_answer_budget(
     error = await fails_only_after(clock, task, 300.0)
     assert isinstance(error, Failure)
     assert error.kind is failures.REQUEST_TIMEOUT
+
+
+# -- the pool's timers ----------------------------------------------------------------------
+
+
+async def test_waiting_for_a_pooled_connection_fails_once_the_clock_passes_pool(
+    serve: Callable[[Handler], Awaitable[str]], upstreams: Callable[..., Awaitable[Upstream]]
+) -> None:
+    clock = ManualClock()
+    url = await serve(keep_answering)
+    upstream = await upstreams(url, clock, pool_size=1, pool=30.0)
+    held = await upstream.post("/chat/completions", b"{}")  # the pool's only connection
+    task = asyncio.ensure_future(upstream.post("/chat/completions", b"{}"))
+    error = await fails_only_after(clock, task, 30.0)
+    assert isinstance(error, Failure)
+    assert error.kind is failures.POOL_TIMEOUT
+    held.close()
+
+
+async def test_a_connect_to_a_blackholed_address_fails_once_the_clock_passes_connect(
+    blackhole: str, upstreams: Callable[..., Awaitable[Upstream]]
+) -> None:
+    clock = ManualClock()
+    upstream = await upstreams(blackhole, clock, connect=20.0)
+    task = asyncio.ensure_future(upstream.post("/chat/completions", b"{}"))
+    error = await fails_only_after(clock, task, 20.0)
+    assert isinstance(error, Failure)
+    assert error.kind is failures.CONNECT
+    assert error.message == "connect timeout"
+
+
+async def test_a_control_call_fails_once_the_clock_passes_its_budget(
+    serve: Callable[[Handler], Awaitable[str]], upstreams: Callable[..., Awaitable[Upstream]]
+) -> None:
+    clock = ManualClock()
+    sent = asyncio.Event()
+    url = await serve(scripted(sent=sent))
+    upstream = await upstreams(url, clock, first_token=60.0)
+    task = asyncio.ensure_future(upstream.call_json("POST", url + "/runs", {"model": "m"}))
+    await until(sent.is_set)
+    error = await fails_only_after(clock, task, 60.0)
+    assert isinstance(error, Failure)
+    assert error.kind is failures.REQUEST_TIMEOUT
+
+
+async def test_a_released_answer_that_never_ends_is_dropped_once_the_clock_passes_drain(
+    serve: Callable[[Handler], Awaitable[str]],
+) -> None:
+    clock = ManualClock()
+    url = await serve(scripted(SSE_HEAD, ROLE))  # the closing chunk never comes
+    origin, target = split_url(url + "/chat/completions")
+    pool = Pool(4, 60.0, connect_timeout=5.0, pool_timeout=5.0, drain_timeout=30.0, clock=clock)
+    request = b"POST " + target + b" HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n"
+    response = await pool.request(origin, request, b"")
+    assert await response.readany()
+    response.release()  # kept for the drain: the rest may still come
+    await turns()
+    clock.advance(pool.drain_timeout / 2)
+    await turns()
+    assert pool.size == 1
+    clock.advance(pool.drain_timeout)
+    await until(lambda: pool.size == 0)
+    await pool.close()

@@ -26,6 +26,9 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
+from ballast.resilience.deadline import Deadline
+
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the socket pauses
 MAX_HEAD = 64 * 1024  # the most an answer's status line and headers may take
 DRAIN_TIMEOUT = 1.0  # seconds a released answer's last bytes may take to keep its connection
@@ -150,7 +153,7 @@ class Response:
         self._error: HttpError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._decoder: zlib._Decompress | None = None
-        self._drain: asyncio.TimerHandle | None = None  # released, the rest being discarded
+        self._drain: Timer | None = None  # released, the rest being discarded
 
     @property
     def headers(self) -> Headers:
@@ -274,8 +277,7 @@ class Response:
         elif reusable and self.headers_done and not self._until_eof:
             self._chunks.clear()
             self._buffered = 0
-            loop = asyncio.get_running_loop()
-            self._drain = loop.call_later(conn.pool.drain_timeout, conn.abort)
+            self._drain = conn.pool.clock.call_later(conn.pool.drain_timeout, conn.abort)
             if self._paused and conn.transport is not None:
                 self._paused = False
                 conn.transport.resume_reading()
@@ -441,8 +443,10 @@ class Pool:
         high_water: int = HIGH_WATER,
         max_head: int = MAX_HEAD,
         drain_timeout: float = DRAIN_TIMEOUT,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.limit = limit
+        self.clock = clock  # every timer of the pool: connect, wait for a turn, drain
         self.drain_timeout = drain_timeout
         self.high_water = high_water
         self.max_head = max_head
@@ -490,7 +494,7 @@ class Pool:
             if self.size < self.limit or self._evict_idle():
                 return await self._connect(origin)
             if deadline is None:
-                deadline = loop.time() + self.pool_timeout
+                deadline = self.clock.monotonic() + self.pool_timeout
             await self._wait_turn(loop, deadline)
 
     def _take_idle(self, origin: Origin, now: float) -> _Connection | None:
@@ -518,7 +522,7 @@ class Pool:
         waiter = loop.create_future()
         self._waiters.append(waiter)
         try:
-            async with asyncio.timeout_at(deadline):
+            with Deadline(self.clock, deadline):
                 await waiter
         except BaseException as exc:
             if waiter.done() and not waiter.cancelled():
@@ -543,7 +547,7 @@ class Pool:
         loop = asyncio.get_running_loop()
         self._opening += 1
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            with Deadline(self.clock, self.clock.monotonic() + self.connect_timeout):
                 if origin.tls:
                     context = self._ssl or default_tls_context()
                     _, protocol = await loop.create_connection(
