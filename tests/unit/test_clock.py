@@ -345,3 +345,22 @@ async def test_a_released_answer_that_never_ends_is_dropped_once_the_clock_passe
     clock.advance(pool.drain_timeout)
     await until(lambda: pool.size == 0)
     await pool.close()
+
+
+async def test_an_idle_connection_is_closed_once_the_clock_passes_keepalive(
+    serve: Callable[[Handler], Awaitable[str]],
+) -> None:
+    clock = ManualClock()
+    url = await serve(keep_answering)
+    origin, target = split_url(url + "/models")
+    pool = Pool(4, keepalive=60.0, connect_timeout=5.0, pool_timeout=5.0, clock=clock)
+    request = b"GET " + target + b" HTTP/1.1\r\nhost: x\r\n\r\n"
+    response = await pool.request(origin, request, b"")
+    await response.read()
+    response.release()
+    assert pool.idle == 1
+    clock.advance(59.0)
+    assert pool.idle == 1
+    clock.advance(1.0)
+    assert pool.idle == 0 and pool.size == 0
+    await pool.close()

@@ -446,7 +446,7 @@ class Pool:
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.limit = limit
-        self.clock = clock  # every timer of the pool: connect, wait for a turn, drain
+        self.clock = clock  # every timer of the pool: connect, wait for a turn, drain, idle
         self.drain_timeout = drain_timeout
         self.high_water = high_water
         self.max_head = max_head
@@ -458,7 +458,7 @@ class Pool:
         self._open: set[_Connection] = set()
         self._opening = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._sweeper: asyncio.TimerHandle | None = None
+        self._sweeper: Timer | None = None
         self._closed = False
 
     @property
@@ -488,7 +488,7 @@ class Pool:
         while True:
             if self._closed:
                 raise ConnectFailed("the connection pool is closed")
-            conn = self._take_idle(origin, loop.time())
+            conn = self._take_idle(origin, self.clock.monotonic())
             if conn is not None:
                 return conn
             if self.size < self.limit or self._evict_idle():
@@ -583,11 +583,10 @@ class Pool:
         if self._closed:
             conn.abort()
             return
-        loop = asyncio.get_running_loop()
-        conn.idle_since = loop.time()
+        conn.idle_since = self.clock.monotonic()
         self._idle.setdefault(conn.origin, []).append(conn)
         if self._sweeper is None:
-            self._sweeper = loop.call_later(self.keepalive, self._sweep)
+            self._sweeper = self.clock.call_later(self.keepalive, self._sweep)
         if self._waiters:
             self._wake_one()
 
@@ -604,8 +603,7 @@ class Pool:
     def _sweep(self) -> None:
         """Close connections idle for `keepalive` seconds, so unused ones do not linger."""
         self._sweeper = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = self.clock.monotonic()
         oldest: float | None = None
         for origin, idle in list(self._idle.items()):
             for conn in [c for c in idle if now - c.idle_since >= self.keepalive]:
@@ -616,7 +614,7 @@ class Pool:
             else:
                 del self._idle[origin]
         if oldest is not None:
-            self._sweeper = loop.call_at(oldest + self.keepalive, self._sweep)
+            self._sweeper = self.clock.call_at(oldest + self.keepalive, self._sweep)
 
     async def close(self) -> None:
         self._closed = True
