@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
+from ballast.cache.flight import SingleFlight
 from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.resilience import failures
 from ballast.resilience.clock import SYSTEM_CLOCK, ManualClock
@@ -364,3 +365,22 @@ async def test_an_idle_connection_is_closed_once_the_clock_passes_keepalive(
     clock.advance(1.0)
     assert pool.idle == 0 and pool.size == 0
     await pool.close()
+
+
+# -- the response cache's single-flight -------------------------------------------------------
+
+
+async def test_a_cache_waiter_goes_alone_once_the_clock_passes_its_bound() -> None:
+    clock = ManualClock()
+    flight = SingleFlight(clock)
+    assert flight.join("k") is None  # a leader that never answers
+    task = asyncio.ensure_future(flight.wait("k", 30.0))
+    await turns()
+    clock.advance(29.0)
+    await turns()
+    assert not task.done()
+    clock.advance(2.0)
+    done, _ = await asyncio.wait([task], timeout=2.0)
+    assert done, "still waiting although the clock passed its bound"
+    assert task.result() == (None, False)
+    flight.finish("k", b"late")  # the leader's flight itself was not cancelled

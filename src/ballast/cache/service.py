@@ -11,6 +11,7 @@ from ballast.cache.flight import SingleFlight
 from ballast.cache.keys import cache_key
 from ballast.cache.store import CacheStore
 from ballast.config import CacheSettings
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("ballast.cache")
 
@@ -82,9 +83,9 @@ class Lookup:
 
 
 class ResponseCache:
-    def __init__(self, store: CacheStore) -> None:
+    def __init__(self, store: CacheStore, clock: Clock = SYSTEM_CLOCK) -> None:
         self.store = store
-        self.flight = SingleFlight()
+        self.flight = SingleFlight(clock)
         self.hits = 0
         self.misses = 0
         self.stored = 0

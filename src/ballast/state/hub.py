@@ -41,7 +41,7 @@ class StateHub:
             if self.store is not None
             else LocalCacheStore(state.cache_local_bytes, clock=clock)
         )
-        self.cache = ResponseCache(cache_store)
+        self.cache = ResponseCache(cache_store, clock)
 
     async def start(self) -> None:
         await self.db.upgrade()
