@@ -16,6 +16,7 @@ from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.resilience import failures
 from ballast.resilience.clock import SYSTEM_CLOCK, ManualClock
 from ballast.resilience.failures import Failure
+from ballast.state.resp import PipelinedRedis
 from ballast.upstream.client import Upstream
 from ballast.upstream.exchange import fetch, open_stream
 from ballast.upstream.http1 import Pool, split_url
@@ -93,8 +94,8 @@ async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
 
 
 @pytest.fixture
-def blackhole() -> Iterator[str]:
-    """A base URL whose connects hang: a listener that never accepts, its queue full (the
+def blackhole() -> Iterator[int]:
+    """A loopback port whose connects hang: a listener that never accepts, its queue full (the
     kernel then drops further SYNs, as a firewall that drops packets would)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -109,7 +110,7 @@ def blackhole() -> Iterator[str]:
         except BlockingIOError:
             pass
         fillers.append(filler)
-    yield f"http://127.0.0.1:{port}/v1"
+    yield port
     for sock in [*fillers, listener]:
         sock.close()
 
@@ -303,10 +304,10 @@ async def test_waiting_for_a_pooled_connection_fails_once_the_clock_passes_pool(
 
 
 async def test_a_connect_to_a_blackholed_address_fails_once_the_clock_passes_connect(
-    blackhole: str, upstreams: Callable[..., Awaitable[Upstream]]
+    blackhole: int, upstreams: Callable[..., Awaitable[Upstream]]
 ) -> None:
     clock = ManualClock()
-    upstream = await upstreams(blackhole, clock, connect=20.0)
+    upstream = await upstreams(f"http://127.0.0.1:{blackhole}/v1", clock, connect=20.0)
     task = asyncio.ensure_future(upstream.post("/chat/completions", b"{}"))
     error = await fails_only_after(clock, task, 20.0)
     assert isinstance(error, Failure)
@@ -365,6 +366,20 @@ async def test_an_idle_connection_is_closed_once_the_clock_passes_keepalive(
     clock.advance(1.0)
     assert pool.idle == 0 and pool.size == 0
     await pool.close()
+
+
+# -- Redis's lean connection ----------------------------------------------------------------
+
+
+async def test_a_redis_connect_to_a_blackholed_address_fails_once_the_clock_passes_it(
+    blackhole: int,
+) -> None:
+    clock = ManualClock()
+    redis = PipelinedRedis(f"redis://127.0.0.1:{blackhole}/0", connect_timeout=8.0, clock=clock)
+    task = asyncio.ensure_future(redis.execute([("PING",)]))
+    error = await fails_only_after(clock, task, 8.0)
+    assert isinstance(error, TimeoutError)
+    redis.disconnect()
 
 
 # -- the response cache's single-flight -------------------------------------------------------
