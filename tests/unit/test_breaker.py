@@ -384,7 +384,7 @@ async def test_call_returns_value_and_records_errors() -> None:
 
 
 async def test_call_opens_after_timeouts_then_fails_fast_without_calling() -> None:
-    breaker, _, _ = make(failure_threshold=3, open_time=5)
+    breaker, clock, _ = make(failure_threshold=3, open_time=5)
     calls = 0
 
     async def hang() -> None:
@@ -392,9 +392,15 @@ async def test_call_opens_after_timeouts_then_fails_fast_without_calling() -> No
         calls += 1
         await asyncio.Event().wait()
 
-    for _ in range(3):
-        with pytest.raises(TimeoutError):
-            await breaker.call(hang, timeout=0.001)
+    for _ in range(3):  # each times out when the breaker's clock passes its bound
+        task = asyncio.create_task(breaker.call(hang, timeout=2.0))
+        await asyncio.sleep(0)
+        clock.advance(1.9)
+        await asyncio.sleep(0)
+        assert not task.done()
+        clock.advance(0.1)
+        done, _ = await asyncio.wait([task], timeout=1.0)  # real time: a bound, never reached
+        assert done and isinstance(task.exception(), TimeoutError)
     assert breaker.state is OPEN
     with pytest.raises(BreakerOpenError) as err:
         await breaker.call(hang, timeout=10.0)

@@ -159,7 +159,7 @@ async def settle(clock: ManualClock, recorder: SpendRecorder) -> None:
             await asyncio.sleep(0)
         tick, attempt = recorder._tick_task, recorder._attempt
         idle = (tick is None or tick.done()) and (attempt is None or attempt.done())
-        asleep = any(when > clock.monotonic() for when, _, _ in clock._sleepers)
+        asleep = any(when > clock.monotonic() for when in clock.pending)
         if idle and (asleep or recorder._task is None or recorder._task.done()):
             return
         await asyncio.sleep(0.002)

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.deadline import Deadline
+
 
 class SingleFlight:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock  # the waiters' bound runs on it
         self._flights: dict[str, asyncio.Future[bytes | None]] = {}
 
     def __len__(self) -> int:
@@ -31,17 +35,17 @@ class SingleFlight:
     async def wait(self, key: str, bound: float) -> tuple[bytes | None, bool]:
         """(answer, leads): the leader's answer, or None with `leads` when the caller is now
         the leader, or (None, False) when `bound` seconds passed first (the caller goes alone)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + bound
+        clock = self._clock
+        deadline = clock.monotonic() + bound
         while True:
             flight = self.join(key)
             if flight is None:
                 return None, True
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+            if deadline <= clock.monotonic():
                 return None, False
             try:
-                value = await asyncio.wait_for(asyncio.shield(flight), remaining)
+                with Deadline(clock, deadline):
+                    value = await asyncio.shield(flight)  # a waiter's timeout spares the flight
             except TimeoutError:
                 return None, False
             if value is not None:

@@ -11,7 +11,7 @@ from ballast.cache.flight import SingleFlight
 from ballast.cache.keys import cache_key
 from ballast.cache.store import CacheStore, LocalCacheStore, RedisCacheStore
 from ballast.config import CacheSettings, Settings
-from ballast.resilience.clock import Clock
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.store import RedisStore
 
 log = logging.getLogger("ballast.cache")
@@ -84,9 +84,9 @@ class Lookup:
 
 
 class ResponseCache:
-    def __init__(self, store: CacheStore) -> None:
+    def __init__(self, store: CacheStore, clock: Clock = SYSTEM_CLOCK) -> None:
         self.store = store
-        self.flight = SingleFlight()
+        self.flight = SingleFlight(clock)
         self.hits = 0
         self.misses = 0
         self.stored = 0
@@ -130,4 +130,4 @@ def build_cache(settings: Settings, store: RedisStore | None, clock: Clock) -> R
         if store is not None
         else LocalCacheStore(state.cache_local_bytes, clock=clock)
     )
-    return ResponseCache(backend)
+    return ResponseCache(backend, clock)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.deadline import Deadline
 from ballast.resilience.window import SlidingWindow
 
 T = TypeVar("T")
@@ -309,13 +310,14 @@ class CircuitBreaker:
     # -- convenience for dependencies ----------------------------------------------
 
     async def call(self, fn: Callable[[], Awaitable[T]], timeout: float) -> T:  # noqa: ASYNC109
-        """Run `fn` under the breaker with a hard timeout; raise BreakerOpenError at once
-        when open. Cancellation frees the permit without a verdict."""
+        """Run `fn` under the breaker with a hard timeout (on the breaker's clock, as its
+        open time is); raise BreakerOpenError at once when open. Cancellation frees the
+        permit without a verdict."""
         permit = self.acquire()
         if permit is None:
             raise BreakerOpenError(self.name, self.retry_after())
         try:
-            async with asyncio.timeout(timeout):
+            with Deadline(self._clock, self._clock.monotonic() + timeout):
                 result = await fn()
         except asyncio.CancelledError:
             self.release(permit)

@@ -94,7 +94,7 @@ class Targets:
                     shared_handles=shared_handles(dep.id) if shared_handles else None,
                     on_event=on_event,
                 )
-                upstream = Upstream(dep, settings.timeouts_for(dep), settings.upstream)
+                upstream = Upstream(dep, settings.timeouts_for(dep), settings.upstream, clock=clock)
                 target = Target(
                     dep,
                     group,

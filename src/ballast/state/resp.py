@@ -22,6 +22,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, cast
 
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.deadline import Deadline
+
 Command = Sequence[str | bytes | int | float]
 
 
@@ -123,7 +126,7 @@ class _Protocol(asyncio.Protocol):
 class PipelinedRedis:
     """See the module docstring. `execute` sends a batch and returns its replies in order."""
 
-    def __init__(self, url: str, connect_timeout: float) -> None:
+    def __init__(self, url: str, connect_timeout: float, clock: Clock = SYSTEM_CLOCK) -> None:
         from redis.connection import SSLConnection, parse_url
 
         options = parse_url(url)  # type: ignore[no-untyped-call]
@@ -142,6 +145,7 @@ class PipelinedRedis:
         if db:
             self._setup.append(("SELECT", db))
         self._connect_timeout = connect_timeout
+        self._clock = clock  # the connect timeout runs on it
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Task[_Protocol] | None = None
 
@@ -167,7 +171,7 @@ class PipelinedRedis:
 
     async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
-        async with asyncio.timeout(self._connect_timeout):
+        with Deadline(self._clock, self._clock.monotonic() + self._connect_timeout):
             if self._path is not None:
                 _, protocol = await loop.create_unix_connection(_Protocol, self._path)
             else:

@@ -67,7 +67,7 @@ class RedisStore:
         from ballast.state.resp import PipelinedRedis
 
         # The request path's few commands take a lean connection of their own (resp.py).
-        self._pipe = PipelinedRedis(url, connect_timeout=self.timeout * 4)
+        self._pipe = PipelinedRedis(url, connect_timeout=self.timeout * 4, clock=clock)
         self.calls = 0
 
     async def call(self, fn: Callable[[redis.Redis], Awaitable[T]]) -> T:

@@ -13,6 +13,8 @@ import orjson
 from ballast import __version__
 from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.resilience import failures
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.deadline import Deadline
 from ballast.resilience.failures import Failure
 from ballast.upstream import http1, proxy, tls
 from ballast.upstream.http1 import (
@@ -84,9 +86,15 @@ class Upstream:
     """One deployment's connection pool and the fixed parts of every request to it."""
 
     def __init__(
-        self, deployment: Deployment, timeouts: Timeouts, settings: UpstreamSettings
+        self,
+        deployment: Deployment,
+        timeouts: Timeouts,
+        settings: UpstreamSettings,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.deployment = deployment
+        self.clock = clock  # the pool's timers and the control calls' deadlines run on it
         self.id = deployment.id
         self.timeouts = timeouts
         self.base_url = deployment.url
@@ -125,6 +133,7 @@ class Upstream:
             pool_timeout=self.timeouts.pool,
             ssl_context=context,
             proxies=self._proxies,
+            clock=self.clock,
         )
         if context is None and self.base_url.startswith("https:"):
             default_tls_context()  # load the trust store now, not on a request
@@ -136,7 +145,7 @@ class Upstream:
 
         async def one() -> None:
             try:
-                async with asyncio.timeout(self.timeouts.connect):
+                with Deadline(self.clock, self.clock.monotonic() + self.timeouts.connect):
                     response = await self._send("GET", self.base_url + "/models", None, None)
                     try:
                         await response.read()
@@ -219,7 +228,7 @@ class Upstream:
         if body is None and method in ("POST", "PUT", "PATCH"):
             body = b""
         try:
-            async with asyncio.timeout(budget):
+            with Deadline(self.clock, self.clock.monotonic() + budget):
                 response = await self._send(method, url, body, None)
                 try:
                     raw = await response.read()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ import orjson
 
 from ballast.resilience import failures
 from ballast.resilience.clock import Clock
+from ballast.resilience.deadline import Deadline, Watchdog
 from ballast.resilience.failures import Failure
 from ballast.resilience.retry import parse_retry_after
 from ballast.upstream.client import Route, Upstream, relay_headers
@@ -28,99 +28,6 @@ class Reply:
     headers: tuple[tuple[bytes, bytes], ...]
     body: bytes
     payload: object  # the parsed body of a 2xx answer (usage, model)
-
-
-class _Deadline:
-    """`asyncio.timeout_at` for the hot path, as a plain context manager with one timer:
-    TimeoutError when `when` (loop time) passes inside the block. A cancellation from
-    elsewhere (the client went away) passes through untouched, as with asyncio's."""
-
-    __slots__ = ("_cancelling", "_fired", "_handle", "_task")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("a deadline needs a task")
-        self._task = task
-        self._fired = False
-        self._cancelling = task.cancelling()
-        self._handle = loop.call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        self._fired = True
-        self._task.cancel()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
-        self._handle.cancel()
-        if self._fired and self._task.uncancel() <= self._cancelling:
-            if exc_type is asyncio.CancelledError:
-                raise TimeoutError
-
-
-class _Watchdog:
-    """The clock of one stream: every wait (for the first token, then between chunks) has a
-    deadline, and a wait past it ends in TimeoutError, as inside a `_Deadline`. One timer
-    serves all the waits: a new wait only moves the deadline (a stream of 500 chunks would
-    otherwise arm and cancel 500 timers), and a timer that fires before the deadline it
-    now guards re-arms itself for the rest."""
-
-    __slots__ = ("_cancelling", "_deadline", "_fired", "_handle", "_loop", "_task", "_when")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._handle: asyncio.TimerHandle | None = None
-        self._when = 0.0
-        self._deadline = 0.0
-        self._task: asyncio.Task[object] | None = None
-        self._fired = False
-        self._cancelling = 0
-
-    def until(self, deadline: float) -> _Watchdog:
-        """Guard the next block with `deadline` (loop time)."""
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("a deadline needs a task")
-        self._task = task
-        self._deadline = deadline
-        self._fired = False
-        self._cancelling = task.cancelling()
-        if self._handle is None or self._when > deadline:
-            if self._handle is not None:
-                self._handle.cancel()
-            self._handle = self._loop.call_at(deadline, self._fire)
-            self._when = deadline
-        return self
-
-    def _fire(self) -> None:
-        self._handle = None
-        task = self._task
-        if task is None:  # nobody is waiting: the next wait arms it again
-            return
-        if self._loop.time() < self._deadline:  # the deadline moved since: guard the rest
-            self._handle = self._loop.call_at(self._deadline, self._fire)
-            self._when = self._deadline
-            return
-        self._fired = True
-        task.cancel()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
-        task, self._task = self._task, None
-        if self._fired and task is not None and task.uncancel() <= self._cancelling:
-            self._fired = False
-            if exc_type is asyncio.CancelledError:
-                raise TimeoutError
-
-    def close(self) -> None:
-        self._task = None
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
 
 
 def _retry_after(response: Response, clock: Clock) -> float | None:
@@ -156,12 +63,12 @@ async def fetch(
     route: Route | None = None,
 ) -> Reply:
     """A non-streaming exchange that must finish before `deadline` (monotonic)."""
-    budget = min(deadline - clock.monotonic(), upstream.timeouts.answer)
+    now = clock.monotonic()
+    budget = min(deadline - now, upstream.timeouts.answer)
     if budget <= 0:
         raise Failure(failures.REQUEST_TIMEOUT, "request deadline passed", deployment=upstream.id)
-    loop = asyncio.get_running_loop()
     try:
-        with _Deadline(loop, loop.time() + budget):
+        with Deadline(clock, now + budget):
             response = await upstream.post(path, body, request_id, route)
             if response.status >= 300:
                 raise await _failure_from(response, upstream, clock)
@@ -206,18 +113,18 @@ class UpstreamStream:
         upstream: Upstream,
         response: Response,
         clock: Clock,
-        watchdog: _Watchdog | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.upstream = upstream
         self.response = response
-        self._watchdog = watchdog or _Watchdog(asyncio.get_running_loop())
+        self._watchdog = watchdog or Watchdog(clock)
         self.state = StreamState()
         self._clock = clock
         self._splitter = SseSplitter()
         self._inter_chunk = upstream.timeouts.inter_chunk
         self._closed = False
         self._eof = False
-        self.until = math.inf  # loop time: the attempt's deadline bounds the whole stream
+        self.until = math.inf  # monotonic: the attempt's deadline bounds the whole stream
 
     @property
     def exhausted(self) -> bool:
@@ -230,8 +137,8 @@ class UpstreamStream:
 
     async def next_events(self, deadline: float | None = None) -> list[bytes]:
         """Read until at least one data event is ready; [] once the stream has ended properly.
-        The wait for it runs on one clock: the inter-chunk timeout, or `deadline` (loop time)
-        when given, e.g. for the first token."""
+        The wait for it runs on one clock: the inter-chunk timeout, or `deadline` (the clock's
+        monotonic time) when given, e.g. for the first token."""
         if self._eof:
             return []
         content = self.response
@@ -242,11 +149,11 @@ class UpstreamStream:
                 chunk = content.read_nowait()
                 if not chunk and not content.at_eof():
                     if deadline is None:
-                        deadline = asyncio.get_running_loop().time() + self._inter_chunk
+                        deadline = self._clock.monotonic() + self._inter_chunk
                     with self._watchdog.until(min(deadline, self.until)):
                         chunk = await content.readany()
             except TimeoutError:
-                if self.until <= asyncio.get_running_loop().time():
+                if self.until <= self._clock.monotonic():
                     raise Failure(
                         failures.REQUEST_TIMEOUT,
                         "the request's time ran out mid-stream",
@@ -357,10 +264,8 @@ async def open_stream(
     Events before the first token (the role chunk) are held back and returned with it, so a
     silent upstream can still be replaced before the client has seen a byte. `until`
     (monotonic) bounds the whole stream: the attempt's deadline."""
-    loop = asyncio.get_running_loop()
-    limit = loop.time() + (until - clock.monotonic())
-    deadline = min(loop.time() + upstream.timeouts.first_token, limit)
-    watchdog = _Watchdog(loop)  # the stream's one timer, from the request on
+    deadline = min(clock.monotonic() + upstream.timeouts.first_token, until)
+    watchdog = Watchdog(clock)  # the stream's one timer, from the request on
     try:
         with watchdog.until(deadline):
             response = await upstream.post(path, body, request_id, route)
@@ -387,7 +292,7 @@ async def open_stream(
             deployment=upstream.id,
         )
     stream = UpstreamStream(upstream, response, clock, watchdog)
-    stream.until = limit
+    stream.until = until
     held: list[bytes] = []
     try:
         while True:

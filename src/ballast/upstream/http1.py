@@ -30,6 +30,9 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
+from ballast.resilience.deadline import Deadline
+
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the socket pauses
 MAX_HEAD = 64 * 1024  # the most an answer's status line and headers may take
 DRAIN_TIMEOUT = 1.0  # seconds a released answer's last bytes may take to keep its connection
@@ -181,7 +184,7 @@ class Response:
         self._error: HttpError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._decoder: zlib._Decompress | None = None
-        self._drain: asyncio.TimerHandle | None = None  # released, the rest being discarded
+        self._drain: Timer | None = None  # released, the rest being discarded
 
     @property
     def headers(self) -> Headers:
@@ -305,8 +308,7 @@ class Response:
         elif reusable and self.headers_done and not self._until_eof:
             self._chunks.clear()
             self._buffered = 0
-            loop = asyncio.get_running_loop()
-            self._drain = loop.call_later(conn.pool.drain_timeout, conn.abort)
+            self._drain = conn.pool.clock.call_later(conn.pool.drain_timeout, conn.abort)
             if self._paused and conn.transport is not None:
                 self._paused = False
                 conn.transport.resume_reading()
@@ -479,8 +481,10 @@ class Pool:
         high_water: int = HIGH_WATER,
         max_head: int = MAX_HEAD,
         drain_timeout: float = DRAIN_TIMEOUT,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.limit = limit
+        self.clock = clock  # every timer of the pool: connect, wait for a turn, drain, idle
         self.drain_timeout = drain_timeout
         self.high_water = high_water
         self.max_head = max_head
@@ -493,7 +497,7 @@ class Pool:
         self._open: set[_Connection] = set()
         self._opening = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._sweeper: asyncio.TimerHandle | None = None
+        self._sweeper: Timer | None = None
         self._closed = False
         self.silent_retries = 0
 
@@ -542,13 +546,13 @@ class Pool:
         while True:
             if self._closed:
                 raise ConnectFailed("the connection pool is closed")
-            conn = None if fresh else self._take_idle(origin, loop.time())
+            conn = None if fresh else self._take_idle(origin, self.clock.monotonic())
             if conn is not None:
                 return conn
             if self.size < self.limit or self._evict_idle():
                 return await self._connect(origin)
             if deadline is None:
-                deadline = loop.time() + self.pool_timeout
+                deadline = self.clock.monotonic() + self.pool_timeout
             await self._wait_turn(loop, deadline)
 
     def _take_idle(self, origin: Origin, now: float) -> _Connection | None:
@@ -576,7 +580,7 @@ class Pool:
         waiter = loop.create_future()
         self._waiters.append(waiter)
         try:
-            async with asyncio.timeout_at(deadline):
+            with Deadline(self.clock, deadline):
                 await waiter
         except BaseException as exc:
             if waiter.done() and not waiter.cancelled():
@@ -601,7 +605,7 @@ class Pool:
         loop = asyncio.get_running_loop()
         self._opening += 1
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            with Deadline(self.clock, self.clock.monotonic() + self.connect_timeout):
                 conn = await self._dial(loop, origin)
         except BaseException as exc:
             self._opening -= 1
@@ -646,11 +650,10 @@ class Pool:
         if self._closed:
             conn.abort()
             return
-        loop = asyncio.get_running_loop()
-        conn.idle_since = loop.time()
+        conn.idle_since = self.clock.monotonic()
         self._idle.setdefault(conn.origin, []).append(conn)
         if self._sweeper is None:
-            self._sweeper = loop.call_later(self.keepalive, self._sweep)
+            self._sweeper = self.clock.call_later(self.keepalive, self._sweep)
         if self._waiters:
             self._wake_one()
 
@@ -667,8 +670,7 @@ class Pool:
     def _sweep(self) -> None:
         """Close connections idle for `keepalive` seconds, so unused ones do not linger."""
         self._sweeper = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = self.clock.monotonic()
         oldest: float | None = None
         for origin, idle in list(self._idle.items()):
             for conn in [c for c in idle if now - c.idle_since >= self.keepalive]:
@@ -679,7 +681,7 @@ class Pool:
             else:
                 del self._idle[origin]
         if oldest is not None:
-            self._sweeper = loop.call_at(oldest + self.keepalive, self._sweep)
+            self._sweeper = self.clock.call_at(oldest + self.keepalive, self._sweep)
 
     async def close(self) -> None:
         self._closed = True
