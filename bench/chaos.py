@@ -94,7 +94,7 @@ class Harness:
         port = sock.getsockname()[1]
         config = uvicorn.Config(
             BallastApp(settings),
-            http="ballast.api.protocol:GuardedHttpToolsProtocol",
+            http="ballast.server.protocol:GuardedHttpToolsProtocol",
             lifespan="on",
             log_level="critical",
             access_log=False,

@@ -18,9 +18,9 @@ from typing import IO, Any, TypeVar
 
 import uvicorn
 
-from ballast.api.protocol import GuardedHttpToolsProtocol
 from ballast.app import BallastApp
 from ballast.config import Settings, parse_settings
+from ballast.server.protocol import GuardedHttpToolsProtocol
 from ballast.sim.server import SimServer, start_sim
 
 T = TypeVar("T")

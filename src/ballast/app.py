@@ -199,9 +199,9 @@ def app_from_env() -> BallastApp:
     """uvicorn's factory for `ballast serve` (each worker process builds its own app)."""
     import os
 
-    from ballast.api.protocol import GuardedHttpToolsProtocol
     from ballast.config import load_settings
     from ballast.observe.logs import setup_logging
+    from ballast.server.protocol import GuardedHttpToolsProtocol
 
     setup_logging(
         os.environ.get("BALLAST_LOG_LEVEL", "info"), os.environ.get("BALLAST_LOG_FORMAT", "text")

@@ -86,7 +86,7 @@ def serve(
     import uvicorn
 
     from ballast.observe import prepare_serve
-    from ballast.serving import run_server
+    from ballast.server.serving import run_server
 
     if (ssl_certfile is None) != (ssl_keyfile is None):
         typer.echo("--ssl-certfile and --ssl-keyfile go together", err=True)
@@ -102,7 +102,7 @@ def serve(
     config_ = uvicorn.Config(
         "ballast.app:app_from_env",
         factory=True,
-        http="ballast.api.protocol:GuardedHttpToolsProtocol",
+        http="ballast.server.protocol:GuardedHttpToolsProtocol",
         host=host or settings.server.host,
         port=settings.server.port if port is None else port,
         workers=workers,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ballast.serving import balances_reuse_port
+from ballast.server.serving import balances_reuse_port
 from tests.stack import Stack, deployment, free_port, group, serve, wait_for
 
 pytestmark = pytest.mark.skipif(not balances_reuse_port(), reason="needs Linux SO_REUSEPORT")

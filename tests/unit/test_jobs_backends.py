@@ -210,7 +210,7 @@ def test_jobs_config_is_validated_and_its_secrets_masked() -> None:
 def test_a_gateway_loads_aiohttp_only_when_a_job_backend_sends() -> None:
     """aiohttp is about 8 MB of a worker's memory, and most gateways run no jobs."""
     script = (
-        "import asyncio, sys, ballast.cli, ballast.app, ballast.serving\n"
+        "import asyncio, sys, ballast.cli, ballast.app, ballast.server.serving\n"
         "from ballast.config import JobBackendSettings\n"
         "from ballast.jobs.backends import build\n"
         "settings = JobBackendSettings(protocol='runpod', url='http://127.0.0.1:9')\n"

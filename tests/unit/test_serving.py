@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from ballast.serving import balances_reuse_port, claim, listeners
+from ballast.server.serving import balances_reuse_port, claim, listeners
 
 pytestmark = pytest.mark.skipif(not balances_reuse_port(), reason="needs Linux SO_REUSEPORT")
 

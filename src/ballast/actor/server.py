@@ -8,8 +8,8 @@ import logging
 
 from ballast.actor.app import ACTOR, create_app
 from ballast.actor.runs import RunRegistry
-from ballast.aioweb import RunningService, start_site, wait_for_stop_signal
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.server.aioweb import RunningService, start_site, wait_for_stop_signal
 
 logger = logging.getLogger(__name__)
 

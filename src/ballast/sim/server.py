@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 
-from ballast.aioweb import RunningService, start_site, wait_for_stop_signal
+from ballast.server.aioweb import RunningService, start_site, wait_for_stop_signal
 from ballast.sim.app import create_app
 
 logger = logging.getLogger(__name__)

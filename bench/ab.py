@@ -1,0 +1,82 @@
+"""Two versions of Ballast side by side: this checkout against another source tree (a
+`git worktree` of the commit to compare with), in front of the same nginx upstream, with
+wrk runs in adjacent pairs whose order alternates. The median of the pairs' ratios is the
+figure to read: the machine's speed drifts by several percent within minutes, and a pair
+sees the same drift on both sides.
+
+    git worktree add /tmp/base <commit>
+    .venv/bin/python bench/ab.py --base-src /tmp/base/src [--pairs 6] [--seconds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+import targets as tg
+from load import run_wrk
+from procs import ProcessGroup, free_port, signals_as_interrupt
+
+
+def _start(procs: ProcessGroup, workdir: Path, upstream: tg.Upstream, name: str, src: Path) -> str:
+    port = free_port()
+    conf = workdir / f"{name}.yaml"
+    conf.write_text(yaml.safe_dump(tg.ballast_config(port, upstream, None), sort_keys=False))
+    cmd = [sys.executable, "-m", "ballast", "serve", "--config", str(conf)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    cmd += ["--log-level", "warning"]
+    target = tg._serve(
+        procs, name, cmd, workdir / f"{name}.log", {"PYTHONPATH": str(src)}, port, name
+    )
+    if target.url is None:
+        raise SystemExit(f"{name}: {target.unavailable}")
+    return target.url
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-src", type=Path, required=True, help="the other tree's src/")
+    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--connections", type=int, default=32)
+    args = parser.parse_args(argv)
+    procs = ProcessGroup()
+    with tempfile.TemporaryDirectory() as tmp, signals_as_interrupt():
+        try:
+            return _compare(procs, Path(tmp), args)
+        finally:
+            procs.stop_all()
+
+
+def _compare(procs: ProcessGroup, workdir: Path, args: argparse.Namespace) -> int:
+    upstream = tg.start_nginx(procs, workdir)
+    urls = {
+        "base": _start(procs, workdir, upstream, "base", args.base_src.resolve()),
+        "this": _start(procs, workdir, upstream, "this", tg.REPO / "src"),
+    }
+    for url in urls.values():  # warm both before measuring
+        run_wrk(url, args.connections, 1)
+    ratios = []
+    for i in range(args.pairs):
+        order = ["this", "base"] if i % 2 == 0 else ["base", "this"]
+        rps = {n: run_wrk(urls[n], args.connections, args.seconds).rps for n in order}
+        ratios.append(rps["this"] / rps["base"])
+        print(
+            f"pair {i + 1}: this {rps['this']:,.0f} base {rps['base']:,.0f} req/s "
+            f"ratio {ratios[-1]:.3f}",
+            flush=True,
+        )
+    print(
+        f"this / base @{args.connections}: median {statistics.median(ratios):.3f} "
+        f"(range {min(ratios):.3f}-{max(ratios):.3f}, {args.pairs} pairs)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
