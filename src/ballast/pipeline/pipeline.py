@@ -191,14 +191,7 @@ class Pipeline:
         self, ctx: RequestContext, group: ModelGroup, responder: Responder, watch: DisconnectWatch
     ) -> None:
         ctx.attempts = attempts = self.router.loop.begin()
-        try:
-            reply = await self.router.dispatch.complete(ctx, group, attempts)
-        except Failure as failure:
-            if not is_passthrough(failure):
-                raise
-            watch.stop()
-            await self._passthrough(failure, responder)
-            return
+        reply = await self.router.dispatch.complete(ctx, group, attempts)
         watch.stop()
         payload = reply.payload if isinstance(reply.payload, dict) else {}
         model = payload.get("model")
@@ -222,16 +215,9 @@ class Pipeline:
             send = recorder.send
             strip_usage = False
         ctx.attempts = attempts = self.router.loop.begin()
-        try:
-            opened = await self.router.dispatch.open(ctx, group, attempts)
-        except Failure as failure:
-            if not is_passthrough(failure):
-                raise
-            # The upstream refused the request itself (a stream that never started): the
-            # client gets that answer unchanged, as for a non-streamed request.
-            watch.stop()
-            await self._passthrough(failure, responder)
-            return
+        # A refusal of the request itself (a stream that never started) reaches `_failed`
+        # and the client gets that answer unchanged, as for a non-streamed request.
+        opened = await self.router.dispatch.open(ctx, group, attempts)
         relay = Relay(self.router.dispatch, ctx, group, opened, attempts, self.continuation)
         relay.strip_usage = strip_usage
         try:
