@@ -22,6 +22,8 @@ import targets as tg
 from load import run_wrk
 from procs import ProcessGroup, free_port, signals_as_interrupt
 
+REPO_SRC = tg.REPO / "src"
+
 
 def _start(procs: ProcessGroup, workdir: Path, upstream: tg.Upstream, name: str, src: Path) -> str:
     port = free_port()
@@ -41,7 +43,13 @@ def _start(procs: ProcessGroup, workdir: Path, upstream: tg.Upstream, name: str,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-src", type=Path, required=True, help="the other tree's src/")
+    parser.add_argument(
+        "--this-src", type=Path, default=REPO_SRC, help="the tree to measure (default: this one)"
+    )
     parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument(
+        "--this-first", action="store_true", help="start this tree's server first (a check)"
+    )
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--connections", type=int, default=32)
     args = parser.parse_args(argv)
@@ -55,10 +63,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _compare(procs: ProcessGroup, workdir: Path, args: argparse.Namespace) -> int:
     upstream = tg.start_nginx(procs, workdir)
-    urls = {
-        "base": _start(procs, workdir, upstream, "base", args.base_src.resolve()),
-        "this": _start(procs, workdir, upstream, "this", tg.REPO / "src"),
-    }
+    sources = {"base": args.base_src.resolve(), "this": args.this_src.resolve()}
+    order = ["this", "base"] if args.this_first else ["base", "this"]
+    urls = {name: _start(procs, workdir, upstream, name, sources[name]) for name in order}
     for url in urls.values():  # warm both before measuring
         run_wrk(url, args.connections, 1)
     ratios = []

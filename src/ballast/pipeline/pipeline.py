@@ -104,10 +104,12 @@ class Pipeline:
             scope["ballast.request"] = ctx  # read by the request log and metrics
             group = self._resolve(ctx)  # 2
             cache_field = take_field(ctx) if "cache" in ctx.payload else None
-            await self._admit(scope, ctx, responder)  # 3
+            if self.access is not None:
+                await self._admit(scope, ctx, responder)  # 3
             watch = DisconnectWatch(receive)
-            if await self._cached(scope, ctx, group, cache_field, responder, watch):  # 4
-                return
+            if group.cache is not None and self.cache is not None:  # 4
+                if await self._cached(scope, ctx, group, cache_field, responder, watch):
+                    return
             if ctx.stream:  # 5, 6
                 await self._stream(ctx, group, responder, watch)
             else:
@@ -131,7 +133,8 @@ class Pipeline:
             log.info("client went away; upstream request %s dropped", rid.decode("latin-1"))
         finally:
             if ctx is not None:
-                self._settle(ctx, "", None, None)  # 7: frees the slot if nothing settled yet
+                if not ctx.settled:
+                    self._settle(ctx, "", None, None)  # 7: frees the slot if nothing did yet
                 if ctx.lookup is not None:
                     ctx.lookup.done()  # identical requests waiting on this one go on
 
@@ -145,8 +148,7 @@ class Pipeline:
         return group
 
     async def _admit(self, scope: Scope, ctx: RequestContext, responder: Responder) -> None:
-        if self.access is None:
-            return
+        assert self.access is not None
         ticket = await self.access.admit(scope, ctx)
         if ticket is None:
             return
@@ -166,8 +168,7 @@ class Pipeline:
         watch: DisconnectWatch,
     ) -> bool:
         """True when the answer came from the cache."""
-        if group.cache is None or self.cache is None:
-            return False
+        assert group.cache is not None and self.cache is not None
         ctx.lookup = lookup = await self.cache.lookup(
             ctx.path,
             group.name,
@@ -190,7 +191,7 @@ class Pipeline:
     async def _complete(
         self, ctx: RequestContext, group: ModelGroup, responder: Responder, watch: DisconnectWatch
     ) -> None:
-        ctx.attempts = attempts = self.router.loop.begin()
+        ctx.attempts = attempts = self.router.loop.begin(stream=False)
         reply = await self.router.dispatch.complete(ctx, group, attempts)
         watch.stop()
         payload = reply.payload if isinstance(reply.payload, dict) else {}
@@ -214,7 +215,7 @@ class Pipeline:
             recorder = StreamRecorder(send, ctx.lookup, ctx.path, hide)
             send = recorder.send
             strip_usage = False
-        ctx.attempts = attempts = self.router.loop.begin()
+        ctx.attempts = attempts = self.router.loop.begin(stream=True)
         # A refusal of the request itself (a stream that never started) reaches `_failed`
         # and the client gets that answer unchanged, as for a non-streamed request.
         opened = await self.router.dispatch.open(ctx, group, attempts)

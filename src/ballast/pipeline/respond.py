@@ -37,7 +37,15 @@ class HeaderAllowlist:
 
     def filter(self, headers: Iterable[tuple[bytes, bytes]]) -> Headers:
         """`headers` have lower-case names (the transport's relayable ones)."""
-        return [h for h in headers if self.allows(h[0])]
+        seen = self._seen
+        out = []
+        for item in headers:
+            keep = seen.get(item[0])
+            if keep is None:
+                keep = self.allows(item[0])
+            if keep:
+                out.append(item)
+        return out
 
 
 class Responder:

@@ -33,9 +33,9 @@ log = logging.getLogger("ballast.routing")
 
 T = TypeVar("T")
 
-# Runs one exchange on an admitted attempt, asking for `model`. On success it returns what
-# the caller needs; the attempt is then ended by whoever holds it (at once for a whole
-# answer, at the stream's end for a stream). A Failure it raises ends the attempt here.
+# Runs one exchange on an admitted attempt, asking for `model`, and returns what the caller
+# needs. A whole answer's attempt then ends here as succeeded; a stream's attempt is ended by
+# its relay when the stream ends. A Failure it raises ends the attempt here.
 Exchange = Callable[[Attempt, str], Awaitable[T]]
 
 
@@ -58,6 +58,7 @@ class Attempts:
     failures: list[Failure] = field(default_factory=list)
     deployment: str | None = None  # the one tried last
     started: bool = False  # the request was counted by the retry budget
+    stream: bool = False  # a stream's attempts outlive their exchange
 
     def last_failure(self) -> Failure | None:
         return self.failures[-1] if self.failures else None
@@ -95,9 +96,9 @@ class AttemptLoop:
             clock=clock,
         )
 
-    def begin(self) -> Attempts:
+    def begin(self, stream: bool = False) -> Attempts:
         """A new request's bookkeeping, its deadline from now."""
-        return Attempts(self.clock.monotonic() + self.settings.timeouts.request)
+        return Attempts(self.clock.monotonic() + self.settings.timeouts.request, stream=stream)
 
     # -- chains ---------------------------------------------------------------------
 
@@ -245,8 +246,9 @@ class AttemptLoop:
         try:
             if self.tracer is not None:
                 with self.tracer.span("ballast.attempt", deployment=target.id, model=model):
-                    return await exchange(attempt, model)
-            return await exchange(attempt, model)
+                    result = await exchange(attempt, model)
+            else:
+                result = await exchange(attempt, model)
         except Failure as failure:
             failure.deployment = target.id
             attempts.failures.append(failure)
@@ -255,6 +257,9 @@ class AttemptLoop:
         except BaseException:
             attempt.abandoned()
             raise
+        if not attempts.stream:
+            attempt.succeeded()
+        return result
 
     async def _early_probe(
         self, request: Routable, primary: ModelGroup, attempts: Attempts, exchange: Exchange[T]

@@ -69,23 +69,33 @@ class Dispatch:
 
         return adapter.routed(call, model, counted)
 
-    async def complete(self, call: Call, group: ModelGroup, attempts: Attempts) -> Reply:
-        async def exchange(attempt: Attempt, model: str) -> Reply:
-            upstream = attempt.target.upstream
-            body = attempt.target.adapter.body(call, model)
-            reply = await self._routed(
+    def complete(self, call: Call, group: ModelGroup, attempts: Attempts) -> Awaitable[Reply]:
+        """A whole answer from the first deployment that gives one."""
+
+        def exchange(attempt: Attempt, model: str) -> Awaitable[Reply]:
+            target = attempt.target
+            body = target.adapter.body(call, model)
+            if target.adapter.handles is None:  # the usual case: no route to find first
+                return fetch(
+                    target.upstream, call.path, body, attempt.deadline, self.clock, call.request_id
+                )
+            return self._routed(
                 attempt,
                 attempts,
                 call,
                 model,
                 lambda route: fetch(
-                    upstream, call.path, body, attempt.deadline, self.clock, call.request_id, route
+                    target.upstream,
+                    call.path,
+                    body,
+                    attempt.deadline,
+                    self.clock,
+                    call.request_id,
+                    route,
                 ),
             )
-            attempt.succeeded()
-            return reply
 
-        return await self.loop.run(call, group, attempts, exchange)
+        return self.loop.run(call, group, attempts, exchange)
 
     async def open(
         self,

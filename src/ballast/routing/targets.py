@@ -10,7 +10,7 @@ import fnmatch
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ballast.config import Deployment, ModelGroup, Settings
@@ -35,14 +35,12 @@ class Target:
     breaker: CircuitBreaker
     health: DeploymentHealth
     drained: bool = False
+    id: str = field(init=False)  # the deployment's, read on every attempt
+    upstream: Upstream = field(init=False)  # the adapter's pool
 
-    @property
-    def id(self) -> str:
-        return self.deployment.id
-
-    @property
-    def upstream(self) -> Upstream:
-        return self.adapter.upstream
+    def __post_init__(self) -> None:
+        self.id = self.deployment.id
+        self.upstream = self.adapter.upstream
 
 
 def breaker_config(settings: Settings) -> BreakerConfig:

@@ -112,12 +112,20 @@ def split_url(url: str) -> tuple[Origin, bytes]:
 _BAD_VALUE = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
 
 
+_CHECKED_NAMES: set[str] = set()
+
+
 def header_line(name: str, value: str) -> bytes:
     """One request header line, ending in CRLF. ValueError for a name or value that would
     break the framing (header injection), hold a control character, or not be Latin-1 (sent
     as is, never silently turned into something else). Configured headers are checked
     more strictly when the config loads; this guards values that arrive with a request."""
-    if not name or any(c in name for c in " \t\r\n:") or _BAD_VALUE.search(value):
+    if name not in _CHECKED_NAMES:
+        if not name or any(c in name for c in " \t\r\n:"):
+            raise ValueError(f"invalid header {name!r}")
+        if len(_CHECKED_NAMES) < 256:
+            _CHECKED_NAMES.add(name)  # a request writes the same few names every time
+    if not value.isprintable() and _BAD_VALUE.search(value):  # the usual value is printable
         raise ValueError(f"invalid header {name!r}")
     try:
         return f"{name}: {value}\r\n".encode("latin-1")
