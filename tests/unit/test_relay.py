@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import orjson
 import pytest
 
-from ballast.pipeline.relay import _Diverged, _Splice
+from ballast.pipeline.splice import Diverged, Sent, Splice
 
 
 def chunk(content: str | None = None, finish: str | None = None, role: bool = False) -> bytes:
@@ -28,7 +29,7 @@ def content(event: bytes | None) -> str | None:
 
 
 def test_regeneration_drops_what_the_client_has_and_relays_the_rest() -> None:
-    splice = _Splice("tok0 tok1 ", regenerate=True)
+    splice = Splice(Sent("tok0 tok1 "), regenerate=True)
     assert splice.apply(chunk("", role=True)) is None
     assert splice.apply(chunk("tok0 ")) is None
     assert content(splice.apply(chunk("tok1 tok2 "))) == "tok2 "
@@ -38,20 +39,83 @@ def test_regeneration_drops_what_the_client_has_and_relays_the_rest() -> None:
 
 
 def test_prefill_continuation_only_loses_its_role() -> None:
-    splice = _Splice("tok0 tok1 ", regenerate=False)
+    splice = Splice(Sent("tok0 tok1 "), regenerate=False)
     assert splice.apply(chunk("", role=True)) is None
     assert content(splice.apply(chunk("tok2 "))) == "tok2 "
 
 
 def test_a_different_regenerated_answer_diverges() -> None:
-    splice = _Splice("tok0 tok1 ", regenerate=True)
-    with pytest.raises(_Diverged):
+    splice = Splice(Sent("tok0 tok1 "), regenerate=True)
+    with pytest.raises(Diverged):
         splice.apply(chunk("other "))
 
 
 @pytest.mark.parametrize("end", [chunk(finish="stop"), b"data: [DONE]\n\n"])
 def test_a_regenerated_answer_that_ends_early_diverges(end: bytes) -> None:
-    splice = _Splice("tok0 tok1 tok2 ", regenerate=True)
+    splice = Splice(Sent("tok0 tok1 tok2 "), regenerate=True)
     assert splice.apply(chunk("tok0 ")) is None
-    with pytest.raises(_Diverged):
+    with pytest.raises(Diverged):
         splice.apply(end)
+
+
+def tool_chunk(
+    arguments: str, name: str | None = None, call_id: str | None = None, finish: str | None = None
+) -> bytes:
+    call: dict[str, Any] = {"index": 0, "function": {"arguments": arguments}}
+    if name is not None:
+        call["function"]["name"] = name
+        call["id"] = call_id
+        call["type"] = "function"
+    payload = {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": finish}]}
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def calls_of(event: bytes | None) -> Any:
+    if event is None:
+        return None
+    return orjson.loads(event[len(b"data: ") :])["choices"][0]["delta"].get("tool_calls")
+
+
+def test_a_regenerated_tool_call_relays_only_the_rest_of_its_arguments() -> None:
+    sent = Sent(tools={0: ("lookup", '{"q": "tok0 ')})
+    splice = Splice(sent, regenerate=True)
+    assert splice.apply(tool_chunk('{"q": ', name="lookup", call_id="call_new")) is None
+    assert calls_of(splice.apply(tool_chunk('"tok0 tok1 '))) == [
+        {"index": 0, "function": {"arguments": "tok1 "}}
+    ]
+    assert splice.apply(tool_chunk('"}', finish="tool_calls")) is not None
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        tool_chunk('{"q": "tok0 ', name="search", call_id="c"),  # another tool
+        tool_chunk('{"x": ', name="lookup", call_id="c"),  # other arguments
+    ],
+)
+def test_a_regenerated_tool_call_that_differs_diverges(other: bytes) -> None:
+    splice = Splice(Sent(tools={0: ("lookup", '{"q": "tok0 ')}), regenerate=True)
+    with pytest.raises(Diverged):
+        splice.apply(other)
+
+
+def test_a_tool_call_that_ends_before_the_clients_arguments_diverges() -> None:
+    splice = Splice(Sent(tools={0: ("lookup", '{"q": "tok0 tok1 ')}), regenerate=True)
+    assert splice.apply(tool_chunk('{"q": "tok0 ', name="lookup", call_id="c")) is None
+    with pytest.raises(Diverged):
+        splice.apply(tool_chunk("", finish="tool_calls"))
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        b'data: {"choices": {"0": {"delta": {"content": "x"}}}}\n\n',  # choices as an object
+        b'data: {"choices": [{"delta": {"content": 7}}]}\n\n',  # numeric content
+        b'data: {"choices": [{"delta": {"tool_calls": "x"}}]}\n\n',
+        b"data: {broken\n\n",
+    ],
+)
+def test_odd_chunk_shapes_pass_or_diverge_but_never_raise_anything_else(event: bytes) -> None:
+    splice = Splice(Sent("tok0 "), regenerate=True)
+    with contextlib.suppress(Diverged):
+        splice.apply(event)

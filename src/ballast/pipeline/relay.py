@@ -15,6 +15,7 @@ import orjson
 from ballast.config import ModelGroup
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import error_event
+from ballast.pipeline.splice import Diverged, Sent, Splice
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.routing.attempts import Attempts
@@ -29,61 +30,6 @@ def failure_event(failure: Failure, detail: str) -> bytes:
     return error_event(
         f"The upstream stream failed ({kind.label}): {detail}", kind.error_type, kind.code
     )
-
-
-class _Diverged(Exception):
-    pass
-
-
-class _Splice:
-    """Filters a continuation stream: drops its role chunk, and in regeneration mode drops
-    text the client already has (and notices when the new answer says something else)."""
-
-    def __init__(self, already_sent: str, regenerate: bool) -> None:
-        self.expect = already_sent if regenerate else ""
-        self.matched = 0
-
-    def apply(self, event: bytes) -> bytes | None:
-        data = event_data(event.rstrip(b"\n"))
-        if data is None:
-            return event
-        if data == b"[DONE]":
-            if self.matched < len(self.expect):
-                raise _Diverged  # the new answer ended before reaching the client's text
-            return event
-        try:
-            payload = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise _Diverged from None
-        choices = payload.get("choices") if isinstance(payload, dict) else None
-        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
-            return event
-        choice = choices[0]
-        delta = choice.get("delta")
-        key, holder = ("content", delta) if isinstance(delta, dict) else ("text", choice)
-        piece = holder.get(key) or ""
-        if not isinstance(piece, str):
-            raise _Diverged  # not text: nothing the client has can be matched against it
-        rewrite = False
-        if isinstance(delta, dict) and "role" in delta:
-            del delta["role"]
-            rewrite = True
-        remaining = len(self.expect) - self.matched
-        if remaining > 0 and piece:
-            head = piece[:remaining]
-            if head != self.expect[self.matched : self.matched + len(head)]:
-                raise _Diverged
-            self.matched += len(head)
-            piece = piece[len(head) :]
-            holder[key] = piece
-            rewrite = True
-        if choice.get("finish_reason") and self.matched < len(self.expect):
-            raise _Diverged  # a shorter answer: it never got to what the client has
-        if rewrite:
-            if not piece and not choice.get("finish_reason") and not payload.get("usage"):
-                return None
-            return b"data: " + orjson.dumps(payload) + b"\n\n"
-        return event
 
 
 def _is_usage_only(event: bytes) -> bool:
@@ -118,10 +64,10 @@ class Relay:
         self.attempts = attempts
         self.continuation = continuation
         self.continuations = 0
-        self._splice: _Splice | None = None
+        self._splice: Splice | None = None
         # Usage was asked of the upstream for accounting, not by the client: keep it from them.
         self.strip_usage = False
-        self._client_text = ""  # text relayed before the current stream began
+        self._before: Sent | None = Sent()  # what the client had when this stream began
         self._original: Failure | None = None
         # True while the piece just yielded is the stream's last: it may end the response.
         self.ending = False
@@ -149,8 +95,8 @@ class Relay:
                 if pending:
                     try:
                         out = self._filter(pending)
-                    except _Diverged:
-                        self._end(None)
+                    except Diverged:
+                        self._end(None, diverged=True)
                         original = self._original or Failure(failures.STREAM_CUT, "diverged")
                         self.ending = True
                         yield failure_event(original, "the continuation diverged from the answer")
@@ -180,12 +126,7 @@ class Relay:
             events = [e for e in events if not _is_usage_only(e)]
         if self._splice is None:
             return b"".join(events)
-        out = []
-        for event in events:
-            kept = self._splice.apply(event)
-            if kept is not None:
-                out.append(kept)
-        return b"".join(out)
+        return b"".join(self._splice.apply_all(events))
 
     def _detail(self, failure: Failure) -> str:
         if failure.kind is failures.INTER_CHUNK_TIMEOUT:
@@ -194,41 +135,46 @@ class Relay:
             return "the request's time ran out before the answer finished"
         return "the connection ended before the answer finished and no deployment could continue"
 
-    def _sent_text(self) -> str:
-        if self._splice is not None and self._splice.expect:
-            return self.opened.stream.state.content
-        return self._client_text + self.opened.stream.state.content
+    def _sent(self) -> Sent:
+        """What the client has now: a regenerated stream said all of it itself."""
+        return Sent.of(self.opened.stream.state, self._before)
 
     async def _continue(self, failure: Failure) -> list[bytes] | None:
         """Open a continuation on another deployment; its first events, or None."""
         call = self.call
         if not self.continuation or call.path == "/embeddings":
             return None
-        if call.payload.get("n", 1) not in (1, None):
-            return None
-        sent = self._sent_text()
+        if call.payload.get("n", 1) not in (1, None) or self.opened.stream.state.untracked:
+            return None  # several choices, or output no continuation can be checked against
+        sent = self._sent()
         self.attempts.excluded.add(self.deployment)
         self.dispatch.loop.on_event(
             "continuation", {"deployment": self.deployment, "reason": failure.kind.label}
         )
+        # Only text can be prefilled; reasoning and tool calls are regenerated and checked.
+        prefill = sent.text if sent.plain else None
         try:
-            opened = await self.dispatch.open(call, self.group, self.attempts, prefill=sent)
+            opened = await self.dispatch.open(call, self.group, self.attempts, prefill=prefill)
         except Failure as second:
             log.warning("no continuation for %s: %s", self.deployment, second.kind.label)
             return None
+        except Exception:
+            # A request or answer shape nothing here expected: the stream still ends with
+            # its error event, never with an exception out of the relay.
+            log.exception("continuation of a stream from %s failed", self.deployment)
+            return None
         self.opened = opened
         self.continuations += 1
-        self._client_text = sent
-        regenerate = not opened.attempt.target.adapter.continues(call)
+        regenerate = prefill is None or not opened.attempt.target.adapter.continues(call)
+        self._before = None if regenerate else sent
         held = opened.held
         opened.held = []
-        self._splice = _Splice(sent, regenerate)
         try:
-            self._filter(list(held))  # check it agrees before relaying anything
-        except _Diverged:
+            Splice(sent, regenerate).apply_all(held)  # check it agrees before relaying
+        except Diverged:
             self._end(None, diverged=True)
             return None
-        self._splice = _Splice(sent, regenerate)
+        self._splice = Splice(sent, regenerate)
         return held
 
     def _end(self, failure: Failure | None, diverged: bool = False) -> None:

@@ -111,10 +111,8 @@ class Adapter:
         (else the request is left as it is and the answer is regenerated)."""
         if call.path == "/completions" and isinstance(payload.get("prompt"), str):
             payload["prompt"] = payload["prompt"] + text
-        elif self.capabilities.prefill and text:
-            messages = list(payload.get("messages") or [])
-            messages.append({"role": "assistant", "content": text})
-            payload["messages"] = messages
+        elif self.capabilities.prefill and text and isinstance(payload.get("messages"), list):
+            payload["messages"] = [*payload["messages"], {"role": "assistant", "content": text}]
 
     def continues(self, call: OutboundCall) -> bool:
         """True when a prefilled request makes this deployment go on from the text, so its

@@ -227,11 +227,17 @@ async def _endpoint(request: web.Request, kind: str) -> web.StreamResponse:
         return await _plain(request, entry, outcome, embeddings_body(ids, texts, encoding), 0)
     assert answer is not None
     if not stream:
-        full = chat_body(ids, answer) if kind == "chat" else completion_body(ids, answer)
+        full = (
+            chat_body(ids, answer, behaviour.shape)
+            if kind == "chat"
+            else completion_body(ids, answer)
+        )
         return await _plain(request, entry, outcome, full, answer.completion_tokens)
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
-    events = stream_events(ids, answer, chat=kind == "chat", include_usage=include_usage)
+    events = stream_events(
+        ids, answer, chat=kind == "chat", include_usage=include_usage, shape=behaviour.shape
+    )
     return await _stream(request, entry, behaviour, outcome, events, answer, chat=kind == "chat")
 
 

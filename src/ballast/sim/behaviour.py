@@ -15,7 +15,11 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 # Parameters shared by every behaviour that ends in a normal answer.
-_ANSWER = frozenset({"tokens", "delay", "first_token_delay", "latency", "tail_p", "tail_delay"})
+_ANSWER = frozenset(
+    {"tokens", "delay", "first_token_delay", "latency", "tail_p", "tail_delay", "shape"}
+)
+# What a chat answer is made of: text, one tool call, or reasoning (`reasoning_content`).
+SHAPES = ("text", "tool", "reasoning")
 _MODES = frozenset({"mode", "seconds", "p", "seed"})
 
 ALLOWED_PARAMS: dict[str, frozenset[str]] = {
@@ -65,6 +69,7 @@ class Behaviour:
     # A heavy tail: with probability tail_p the first token waits tail_delay more.
     tail_p: float = 0.0
     tail_delay: float = 0.0
+    shape: str = "text"
     # 429 / 500 / 503.
     retry_after: float | None = None
     mode: str = "always"
@@ -119,6 +124,12 @@ def _to_mode(key: str, raw: str) -> str:
     return raw
 
 
+def _to_shape(key: str, raw: str) -> str:
+    if raw not in SHAPES:
+        raise ValueError(f"{key} must be one of {', '.join(SHAPES)}, got {raw!r}")
+    return raw
+
+
 def _to_text(key: str, raw: str) -> str:
     if not raw:
         raise ValueError(f"parameter {key!r} must not be empty")
@@ -143,6 +154,7 @@ _CONVERTERS: dict[str, Callable[[str, str], Any]] = {
     "latency": _to_float,
     "tail_p": _to_probability,
     "tail_delay": _to_float,
+    "shape": _to_shape,
     "retry_after": _to_float,
     "mode": _to_mode,
     "seconds": _to_float,

@@ -45,16 +45,42 @@ class Ids:
         }
 
 
-def chat_body(ids: Ids, answer: Answer) -> dict[str, Any]:
+TOOL_NAME = "lookup"
+
+
+def tool_arguments(pieces: Sequence[str]) -> list[str]:
+    """A tool call's arguments, streamed one answer token at a time: `{"q": "tok0 ..."}`."""
+    if not pieces:
+        return ['{"q": ""}']
+    out = list(pieces)
+    out[0] = '{"q": "' + out[0]
+    out[-1] = out[-1] + '"}'
+    return out
+
+
+def tool_call_id(ids: Ids) -> str:
+    return f"call_sim_{ids.number}"
+
+
+def chat_body(ids: Ids, answer: Answer, shape: str = "text") -> dict[str, Any]:
     body = ids.head("chatcmpl", "chat.completion")
-    body["choices"] = [
-        {
-            "index": 0,
-            "message": {"role": "assistant", "content": answer.text, "refusal": None},
-            "logprobs": None,
-            "finish_reason": answer.finish_reason,
-        }
-    ]
+    message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
+    finish = answer.finish_reason
+    if shape == "tool":
+        message["content"] = None
+        arguments = "".join(tool_arguments(answer.pieces))
+        message["tool_calls"] = [
+            {
+                "id": tool_call_id(ids),
+                "type": "function",
+                "function": {"name": TOOL_NAME, "arguments": arguments},
+            }
+        ]
+        finish = "tool_calls" if finish == "stop" else finish
+    elif shape == "reasoning":
+        message["content"] = ""
+        message["reasoning_content"] = answer.text
+    body["choices"] = [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}]
     body["usage"] = answer.usage()
     return body
 
@@ -83,11 +109,15 @@ def embeddings_body(ids: Ids, texts: Sequence[str], encoding: str) -> dict[str, 
     }
 
 
-def stream_events(ids: Ids, answer: Answer, *, chat: bool, include_usage: bool) -> list[bytes]:
+def stream_events(
+    ids: Ids, answer: Answer, *, chat: bool, include_usage: bool, shape: str = "text"
+) -> list[bytes]:
     """Every data event of a stream except the final ``[DONE]``.
 
     Chat: a role chunk, one chunk per token, the finish chunk, then the usage chunk when
-    asked for. Completions: one chunk per token, the finish chunk, the usage chunk.
+    asked for. Completions: one chunk per token, the finish chunk, the usage chunk. A chat
+    answer's tokens are text, a tool call's arguments (the first chunk names the tool), or
+    reasoning, by `shape`.
     """
     if chat:
         head = ids.head("chatcmpl", "chat.completion.chunk")
@@ -97,8 +127,20 @@ def stream_events(ids: Ids, answer: Answer, *, chat: bool, include_usage: bool) 
             return {**head, "choices": [choice]}
 
         events = [sse(chunk({"role": "assistant", "content": ""}, None))]
-        events += [sse(chunk({"content": piece}, None)) for piece in answer.pieces]
-        events.append(sse(chunk({}, answer.finish_reason)))
+        finish = answer.finish_reason
+        if shape == "tool":
+            for i, piece in enumerate(tool_arguments(answer.pieces)):
+                call: dict[str, Any] = {"index": 0, "function": {"arguments": piece}}
+                if i == 0:
+                    call = {"index": 0, "id": tool_call_id(ids), "type": "function"}
+                    call["function"] = {"name": TOOL_NAME, "arguments": piece}
+                events.append(sse(chunk({"tool_calls": [call]}, None)))
+            finish = "tool_calls" if finish == "stop" else finish
+        elif shape == "reasoning":
+            events += [sse(chunk({"reasoning_content": p}, None)) for p in answer.pieces]
+        else:
+            events += [sse(chunk({"content": piece}, None)) for piece in answer.pieces]
+        events.append(sse(chunk({}, finish)))
     else:
         head = ids.head("cmpl", "text_completion")
 

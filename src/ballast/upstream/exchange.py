@@ -137,11 +137,13 @@ class UpstreamStream:
 
     async def next_events(self, deadline: float | None = None) -> list[bytes]:
         """Read until at least one data event is ready; [] once the stream has ended properly.
-        The wait for it runs on one clock: the inter-chunk timeout, or `deadline` (the clock's
-        monotonic time) when given, e.g. for the first token."""
+        The wait for it runs on one clock: the inter-chunk timeout, restarted by every event
+        (a comment too: the upstream is alive), or `deadline` (the clock's monotonic time)
+        when given, e.g. for the first token."""
         if self._eof:
             return []
         content = self.response
+        fixed = deadline is not None
         out: list[bytes] = []
         while not out:
             try:
@@ -161,7 +163,7 @@ class UpstreamStream:
                     ) from None
                 raise Failure(
                     failures.INTER_CHUNK_TIMEOUT
-                    if self.state.data_events
+                    if self.state.output
                     else failures.FIRST_TOKEN_TIMEOUT,
                     "upstream went silent",
                     deployment=self.upstream.id,
@@ -174,12 +176,15 @@ class UpstreamStream:
                 ) from None
             if not chunk:
                 return self._finish(out)
-            for event in self._splitter.feed(chunk):
+            events = self._splitter.feed(chunk)
+            for event in events:
                 if self._take(event):
                     out.append(event + b"\n\n")
                 if self.state.done:
                     self._eof = True
                     return out
+            if events and not fixed:
+                deadline = None
         return out
 
     def _take(self, event: bytes) -> bool:
@@ -298,7 +303,7 @@ async def open_stream(
         while True:
             events = await stream.next_events(deadline)
             held.extend(events)
-            if stream.state.text or stream.state.finished or stream.exhausted:
+            if stream.state.output or stream.state.finished or stream.exhausted:
                 return stream, held
     except BaseException:
         stream.close()

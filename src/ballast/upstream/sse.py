@@ -52,10 +52,35 @@ def event_data(event: bytes) -> bytes | None:
 
 
 @dataclass(slots=True)
+class ToolCall:
+    """One tool call as a stream has built it so far."""
+
+    id: str | None = None
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+    @property
+    def args(self) -> str:
+        return "".join(self.arguments)
+
+
+# Delta fields that carry model output other than `content`. Reasoning comes as
+# `reasoning_content` (DeepSeek, vLLM) or `reasoning` (OpenRouter, Ollama).
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+_OTHER_OUTPUT = ("refusal", "audio", "function_call")
+
+
+@dataclass(slots=True)
 class StreamState:
-    """What has been said so far in one streamed answer (for continuation, usage and checks)."""
+    """What has been said so far in one streamed answer (for the first-token clock,
+    continuation, usage and checks). `output` turns true with the first delta that carries
+    model output of any kind: text, a tool call, reasoning, a refusal, audio."""
 
     text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tools: dict[int, ToolCall] = field(default_factory=dict)
+    output: bool = False
+    untracked: bool = False  # output that continuation cannot match (refusal, audio, ...)
     finished: bool = False
     done: bool = False
     usage: dict[str, Any] | None = None
@@ -67,9 +92,14 @@ class StreamState:
     def content(self) -> str:
         return "".join(self.text)
 
+    @property
+    def reasoning_text(self) -> str:
+        return "".join(self.reasoning)
+
     def observe(self, payload: Any) -> None:
         """Record one parsed data payload (a chat or text completion chunk). Runs for every
-        event of every stream: written for the common shape, with few calls."""
+        event of every stream: written for the common shape (a delta with only `content`),
+        with few calls; anything else takes `_observe_other`."""
         self.data_events += 1
         if not isinstance(payload, dict):
             return
@@ -80,17 +110,62 @@ class StreamState:
                 delta = choice.get("delta")
                 if isinstance(delta, dict):
                     piece = delta.get("content")
-                    if "role" in delta:
-                        self.role_sent = True
+                    if piece is None or len(delta) > 1:
+                        self._observe_other(delta)
                 else:
                     piece = choice.get("text")
                 if piece and isinstance(piece, str):
                     self.text.append(piece)
+                    self.output = True
                 if choice.get("finish_reason"):
                     self.finished = True
         usage = payload.get("usage")
         if usage is not None and isinstance(usage, dict):
             self.usage = usage
+
+    def _observe_other(self, delta: dict[str, Any]) -> None:
+        if "role" in delta:
+            self.role_sent = True
+        calls = delta.get("tool_calls")
+        if calls and isinstance(calls, list):
+            self.output = True
+            for call in calls:
+                self._observe_call(call)
+        for name in REASONING_FIELDS:
+            piece = delta.get(name)
+            if piece and isinstance(piece, str):
+                self.reasoning.append(piece)
+                self.output = True
+        for name in _OTHER_OUTPUT:
+            if delta.get(name):
+                self.output = True
+                self.untracked = True
+
+    def _observe_call(self, call: Any) -> None:
+        if not isinstance(call, dict):
+            self.untracked = True
+            return
+        index = call.get("index", 0)
+        if type(index) is not int:
+            self.untracked = True
+            return
+        entry = self.tools.get(index)
+        if entry is None:
+            entry = self.tools[index] = ToolCall()
+        given_id = call.get("id")
+        if isinstance(given_id, str) and entry.id is None:
+            entry.id = given_id
+        function = call.get("function")
+        if isinstance(function, dict):
+            name = function.get("name")
+            if isinstance(name, str):
+                entry.name += name
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                if arguments:
+                    entry.arguments.append(arguments)
+            elif arguments is not None:
+                self.untracked = True
 
 
 def parse_payload(data: bytes) -> Any:

@@ -1,0 +1,177 @@
+"""Joining a continuation onto what the client already has.
+
+After a stream breaks, the next deployment either goes on from a prefill (its answer holds
+only the rest) or regenerates the whole answer, which must begin with exactly what the client
+has: the same text, the same reasoning, the same tool calls (same names, arguments that start
+with the client's). Only the remainder is relayed; anything else is a divergence, and the
+stream ends with an error event rather than a corrupted or truncated answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ballast.upstream.sse import REASONING_FIELDS, StreamState, event_data
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """What the client has of an answer."""
+
+    text: str = ""
+    reasoning: str = ""
+    tools: dict[int, tuple[str, str]] = field(default_factory=dict)  # index -> (name, args)
+
+    @property
+    def plain(self) -> bool:
+        """Only text: a prefill can carry it."""
+        return not self.reasoning and not self.tools
+
+    @classmethod
+    def of(cls, state: StreamState, before: Sent | None = None) -> Sent:
+        """What a stream said, after what the client had before it (a prefilled stream holds
+        only the rest; a regenerated one everything, so it is given no `before`)."""
+        tools = {i: (t.name, t.args) for i, t in state.tools.items()}
+        if before is None:
+            return cls(state.content, state.reasoning_text, tools)
+        return cls(
+            before.text + state.content,
+            before.reasoning + state.reasoning_text,
+            {**before.tools, **tools},
+        )
+
+
+class Diverged(Exception):
+    """The continuation says something other than what the client has."""
+
+
+class Splice:
+    """Filters a continuation stream: drops its role chunk, and when it regenerates, drops
+    what the client already has and notices when the new answer says something else."""
+
+    def __init__(self, sent: Sent, regenerate: bool) -> None:
+        self.expect = sent if regenerate else Sent()
+        self._matched: dict[Any, int] = {}  # how much of each field has been seen again
+        self._names: dict[int, str] = {}  # tool call names as the new stream gives them
+
+    def apply(self, event: bytes) -> bytes | None:
+        """The event as the client should get it, or None to drop it. Raises Diverged."""
+        data = event_data(event.rstrip(b"\n"))
+        if data is None:
+            return event
+        if data == b"[DONE]":
+            if self._short():
+                raise Diverged  # the new answer ended before reaching the client's
+            return event
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise Diverged from None
+        choices = payload.get("choices") if isinstance(payload, dict) else None
+        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+            return event
+        choice = choices[0]
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            self._delta(delta)
+            said = any(delta.values())
+        else:  # a text completion's chunk
+            piece = choice.get("text")
+            if piece is not None:
+                choice["text"] = self._match("text", self.expect.text, piece)
+            said = bool(choice.get("text"))
+        if choice.get("finish_reason") and self._short():
+            raise Diverged  # a shorter answer: it never got to what the client has
+        if not said and not choice.get("finish_reason") and not payload.get("usage"):
+            return None
+        return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+    def apply_all(self, events: list[bytes]) -> list[bytes]:
+        """`apply` to each event in turn; the events the client should get."""
+        out = []
+        for event in events:
+            kept = self.apply(event)
+            if kept is not None:
+                out.append(kept)
+        return out
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        delta.pop("role", None)
+        if "content" in delta:
+            delta["content"] = self._match("text", self.expect.text, delta["content"])
+        for name in REASONING_FIELDS:
+            if name in delta:
+                delta[name] = self._match("reasoning", self.expect.reasoning, delta[name])
+        if "tool_calls" in delta:
+            calls = self._calls(delta["tool_calls"])
+            if calls:
+                delta["tool_calls"] = calls
+            else:
+                del delta["tool_calls"]
+
+    def _match(self, key: Any, expected: str, piece: Any) -> Any:
+        """The part of `piece` the client does not have yet."""
+        if piece is None:
+            return None
+        if not isinstance(piece, str):
+            raise Diverged  # not text: nothing the client has can be matched against it
+        done = self._matched.get(key, 0)
+        remaining = len(expected) - done
+        if remaining <= 0 or not piece:
+            return piece
+        head = piece[:remaining]
+        if head != expected[done : done + len(head)]:
+            raise Diverged
+        self._matched[key] = done + len(head)
+        return piece[len(head) :]
+
+    def _calls(self, calls: Any) -> list[Any]:
+        if not isinstance(calls, list):
+            raise Diverged
+        kept = []
+        for call in calls:
+            if not isinstance(call, dict):
+                raise Diverged
+            index = call.get("index", 0)
+            want = self.expect.tools.get(index) if type(index) is int else None
+            if want is None:  # a call the client has not seen: all of it is new
+                kept.append(call)
+                continue
+            function = call.get("function")
+            if not isinstance(function, dict):
+                function = {}
+            name = function.pop("name", None)
+            if name is not None:
+                given = self._names.get(index, "") + str(name)
+                if not want[0].startswith(given):
+                    raise Diverged  # another tool
+                self._names[index] = given
+            if "arguments" in function:
+                rest = self._match(("args", index), want[1], function["arguments"])
+                if rest:
+                    function["arguments"] = rest
+                else:
+                    del function["arguments"]
+            # The client has this call's id and type from the stream that broke.
+            call.pop("id", None)
+            call.pop("type", None)
+            if function:
+                call["function"] = function
+                kept.append(call)
+        return kept
+
+    def _short(self) -> bool:
+        """Something the client has was not said again."""
+        expect = self.expect
+        if self._matched.get("text", 0) < len(expect.text):
+            return True
+        if self._matched.get("reasoning", 0) < len(expect.reasoning):
+            return True
+        for index, (name, args) in expect.tools.items():
+            if self._names.get(index, "") != name or self._matched.get(("args", index), 0) < len(
+                args
+            ):
+                return True
+        return False

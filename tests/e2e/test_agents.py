@@ -1,0 +1,102 @@
+"""Agent traffic through the official openai SDK: streams that open with tool-call deltas or
+reasoning reach the client as they come, and a stream cut inside a tool call is continued
+with the very same call or ends with an error, never with a truncated call."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import openai
+import pytest
+
+from tests.e2e.test_routing import MESSAGES, client, config, ordered
+from tests.stack import Stack, deployment, group
+
+
+def arguments(tokens: int) -> str:
+    return '{"q": "' + "".join(f"tok{i} " for i in range(tokens)) + '"}'
+
+
+def tool_stream(api: openai.OpenAI, **kw: Any) -> tuple[list[float], dict[int, Any], str | None]:
+    """(arrival times of chunks with output, tool calls by index, finish reason)."""
+    started = time.monotonic()
+    arrivals: list[float] = []
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    stream = api.chat.completions.create(model="chat", messages=MESSAGES, stream=True, **kw)
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        delta = choice.delta
+        said = False
+        for call in delta.tool_calls or []:
+            entry = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+            entry["id"] += call.id or ""
+            if call.function is not None:
+                entry["name"] += call.function.name or ""
+                entry["arguments"] += call.function.arguments or ""
+            said = True
+        extra = delta.model_extra or {}
+        if extra.get("reasoning_content"):
+            entry = calls.setdefault(-1, {"reasoning": ""})
+            entry["reasoning"] += extra["reasoning_content"]
+            said = True
+        if said:
+            arrivals.append(time.monotonic() - started)
+        finish = choice.finish_reason or finish
+    return arrivals, calls, finish
+
+
+@pytest.mark.parametrize("shape", ["tool", "reasoning"])
+def test_tool_call_and_reasoning_deltas_stream_as_they_come(stack: Stack, shape: str) -> None:
+    a = stack.sim(f"ok?shape={shape}&tokens=6&delay=0.4", name="a")
+    gateway = stack.gateway(
+        config(group("chat", deployment("a", a)), timeouts={"first_token": 1.5})
+    )
+    arrivals, calls, finish = tool_stream(client(gateway))
+    assert len(arrivals) == 6
+    # The first delta comes when the upstream sends it, then one every 0.4 s: nothing is
+    # held back waiting for text that never comes.
+    assert arrivals[0] < 0.4 + 0.2, arrivals
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert all(0.25 <= gap <= 0.7 for gap in gaps), gaps
+    if shape == "tool":
+        assert finish == "tool_calls"
+        assert calls[0]["name"] == "lookup" and calls[0]["arguments"] == arguments(6)
+        assert calls[0]["id"].startswith("call_sim_")
+    else:
+        assert finish == "stop"
+        assert calls[-1]["reasoning"] == "".join(f"tok{i} " for i in range(6))
+
+
+def test_a_stream_cut_inside_a_tool_call_continues_with_the_same_call(stack: Stack) -> None:
+    a = stack.sim("cut?shape=tool&after=4&tokens=12", name="a")
+    b = stack.sim("ok?shape=tool&tokens=12", name="b")
+    gateway = stack.gateway(config(ordered("chat", deployment("a", a), deployment("b", b))))
+    _, calls, finish = tool_stream(client(gateway))
+    assert finish == "tool_calls"
+    assert list(calls) == [0]
+    assert calls[0]["name"] == "lookup"
+    assert calls[0]["arguments"] == arguments(12)  # byte for byte, nothing twice
+    assert calls[0]["id"] == "call_sim_1"  # the id the client saw first, not b's
+    (continued,) = stack.attempts(b)
+    assert continued["prefill"] is False  # a tool call is regenerated, not prefilled
+
+
+@pytest.mark.parametrize("other", ["ok?shape=tool&tokens=2", "ok?tokens=12"])
+def test_a_tool_call_that_cannot_be_matched_ends_with_an_error(stack: Stack, other: str) -> None:
+    a = stack.sim("cut?shape=tool&after=4&tokens=12", name="a")
+    b = stack.sim(other, name="b")  # other arguments, or text instead of the call
+    gateway = stack.gateway(config(ordered("chat", deployment("a", a), deployment("b", b))))
+    seen: list[str | None] = []
+    with pytest.raises(openai.APIError) as info:
+        for chunk in client(gateway).chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True
+        ):
+            if chunk.choices:
+                seen.append(chunk.choices[0].finish_reason)
+    assert "upstream_stream_cut" in str(info.value.body)
+    assert not any(seen)  # never a finish_reason for a call the client did not get whole
