@@ -295,6 +295,15 @@ class RoutingSettings(_Strict):
     max_retry_after_wait: float = Field(5.0, ge=0)
     health_window: float = Field(60.0, gt=0)
     continuation: bool = True
+    stream_keepalive: float | None = Field(
+        15.0,
+        gt=0,
+        description="seconds without a first token before a stream's headers and an SSE"
+        " comment go out (then one comment per interval); null: wait silently",
+    )
+    stream_headers_at_once: bool = Field(
+        False, description="start every stream's response at once, before its first token"
+    )
     handle_refresh_margin: float = Field(
         60.0, ge=0, description="renew a remote run's token this long before it expires"
     )

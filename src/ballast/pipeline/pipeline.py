@@ -44,11 +44,14 @@ from ballast.pipeline.caching import (
 )
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import ApiError, from_failure, model_not_found
+from ballast.pipeline.keepalive import KeepAlive
 from ballast.pipeline.relay import Relay
 from ballast.pipeline.respond import HeaderAllowlist, Responder
 from ballast.resilience.failures import Action, Failure
+from ballast.routing.attempts import Attempts
+from ballast.routing.dispatch import OpenStream
 from ballast.routing.router import Router
-from ballast.types import Receive, Scope, Send
+from ballast.types import Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from ballast.cache.service import ResponseCache
@@ -84,6 +87,8 @@ class Pipeline:
         self.max_body_bytes = settings.server.max_body_bytes
         self.body_timeout = settings.server.body_timeout
         self.continuation = settings.routing.continuation
+        self.keepalive = settings.routing.stream_keepalive
+        self.headers_at_once = settings.routing.stream_headers_at_once
         self.expose = HeaderAllowlist(settings.upstream.expose_headers)
         self.access: Access | None = None  # set once state is ready at start-up
         self.cache: ResponseCache | None = None  # likewise; used by groups with `cache`
@@ -216,21 +221,12 @@ class Pipeline:
             send = recorder.send
             strip_usage = False
         ctx.attempts = attempts = self.router.loop.begin(stream=True)
-        # A refusal of the request itself (a stream that never started) reaches `_failed`
-        # and the client gets that answer unchanged, as for a non-streamed request.
-        opened = await self.router.dispatch.open(ctx, group, attempts)
+        opened = await self._open(ctx, group, attempts, responder, send)
         relay = Relay(self.router.dispatch, ctx, group, opened, attempts, self.continuation)
         relay.strip_usage = strip_usage
         try:
-            headers = [
-                EVENT_STREAM,
-                NO_CACHE,
-                (b"x-ballast-deployment", opened.attempt.id.encode()),
-            ]
-            headers.extend(self.expose.filter(opened.stream.headers))
-            headers.extend(responder.extra)
-            responder.streaming = True
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            if not responder.started:
+                await send(self._stream_start(responder, opened))
             async for chunk in relay.events():
                 if relay.ending:  # the last piece ends the response with it: one send less
                     watch.stop()
@@ -243,6 +239,43 @@ class Pipeline:
         finally:
             relay.close()
         self._settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
+
+    async def _open(
+        self,
+        ctx: RequestContext,
+        group: ModelGroup,
+        attempts: Attempts,
+        responder: Responder,
+        send: Send,
+    ) -> OpenStream:
+        """The stream past its first token, the client kept busy meanwhile (keepalive.py).
+        A refusal of the request itself (a stream that never started) reaches `_failed`,
+        and the client gets that answer unchanged unless the response had started."""
+        dispatch = self.router.dispatch
+        if self.keepalive is None and not self.headers_at_once:
+            return await dispatch.open(ctx, group, attempts)
+
+        async def start() -> None:
+            await send(self._stream_start(responder, None))
+
+        if self.headers_at_once:
+            await start()
+        if self.keepalive is None:
+            return await dispatch.open(ctx, group, attempts)
+        keepalive = KeepAlive(self.router.clock, self.keepalive, send, start, responder.started)
+        try:
+            return await dispatch.open(ctx, group, attempts)
+        finally:
+            await keepalive.stop()
+
+    def _stream_start(self, responder: Responder, opened: OpenStream | None) -> Message:
+        headers = [EVENT_STREAM, NO_CACHE]
+        if opened is not None:
+            headers.append((b"x-ballast-deployment", opened.attempt.id.encode()))
+            headers.extend(self.expose.filter(opened.stream.headers))
+        headers.extend(responder.extra)
+        responder.streaming = True
+        return {"type": "http.response.start", "status": 200, "headers": headers}
 
     # -- answers that are not the upstream's ---------------------------------------------
 
