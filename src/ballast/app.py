@@ -31,6 +31,7 @@ from ballast.pipeline.pipeline import Pipeline
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.routing.router import Router
 from ballast.state.hub import StateHub
+from ballast.state.probes import ProbeLock
 from ballast.state.sessions import SessionStore
 from ballast.state.shared_handles import SharedHandles
 
@@ -65,6 +66,7 @@ class BallastApp:
             shared_handles=(
                 (lambda dep_id: SharedHandles(store, dep_id, clock)) if store is not None else None
             ),
+            probe_gate=ProbeLock(store) if store is not None else None,
         )
         self.pipeline = Pipeline(settings, self.router)
         self.openai = OpenAIHandlers(self.pipeline)

@@ -115,6 +115,11 @@ class Deployment(_Strict):
     timeouts: TimeoutOverrides = TimeoutOverrides()
     pool_size: int | None = Field(None, ge=1)
     supports_prefill: bool = False
+    probe: Literal["models", "completion", "none"] = Field(
+        "models",
+        description="how an open deployment is probed in the background: GET /models, a"
+        " one-token completion, or not at all",
+    )
     headers: dict[str, str] = {}
     proxy: SecretStr | None = Field(
         None,
@@ -279,6 +284,15 @@ class BreakerSettings(_Strict):
     max_open_time: float = Field(300.0, gt=0)
     probe_timeout: float = Field(10.0, gt=0)
     half_open_probes: int = Field(1, ge=1)
+    open_multiplier: float = Field(
+        2.0, ge=1, description="growth of the open time at each failed half-open probe"
+    )
+    probe_interval: float = Field(
+        2.0, gt=0, description="an open deployment is probed in the background this often"
+    )
+    max_probe_interval: float = Field(
+        10.0, gt=0, description="failed background probes back off up to this interval"
+    )
 
 
 class RoutingSettings(_Strict):

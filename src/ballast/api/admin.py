@@ -417,14 +417,10 @@ class Admin:
             on_event=app.observer.on_event,
             sessions=old.router.sessions,
             shared_handles=old.router.shared_handles,
+            probe_gate=old.router.probe_gate,
         )
-        for dep_id, target in router.targets.items():
-            previous = old.router.targets.get(dep_id)
-            if previous is not None and previous.deployment == target.deployment:
-                # The same deployment: keep what is known about it (and an operator's drain).
-                target.breaker = previous.breaker
-                target.health = previous.health
-                target.drained = previous.drained
+        for previous in old.router.targets.values():
+            router.deployments.adopt(previous)  # an unchanged deployment keeps its state
         try:
             await router.start()
         except BaseException:

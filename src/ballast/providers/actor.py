@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ballast.config import Deployment
 from ballast.providers.base import Adapter, AdapterContext, OutboundCall
@@ -41,6 +41,10 @@ class ActorAdapter(Adapter):
 
     async def close(self) -> None:
         await self.handles.close()
+
+    def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
+        """Not probed: its runs heal themselves, and a run is made per credential."""
+        return None
 
     def routed(
         self, call: OutboundCall, model: str, send: Callable[[Route | None], Awaitable[T]]

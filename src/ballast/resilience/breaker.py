@@ -98,7 +98,7 @@ class CircuitBreaker:
         self.name = name
         self.config = config
         self._clock = clock
-        self._on_transition = on_transition
+        self.on_transition = on_transition  # told of every change of state
         self._state = _CLOSED
         self._consecutive = 0
         self._window = (
@@ -136,9 +136,9 @@ class CircuitBreaker:
             self._closed_permit = Permit(False, math.inf)
             if self._window is not None:
                 self._window.clear()
-        if self._on_transition is not None:
+        if self.on_transition is not None:
             try:
-                self._on_transition(self.name, old, new)
+                self.on_transition(self.name, old, new)
             except Exception:
                 log.exception("breaker %s: transition callback failed", self.name)
 
@@ -284,6 +284,12 @@ class CircuitBreaker:
         else:
             self._open_until = until
             self._set_state(_OPEN)
+
+    def half_open_now(self) -> None:
+        """An open breaker's wait ends now: the next call is its half-open probe (a check
+        made out of band found the dependency answering again)."""
+        if self._state is _OPEN:
+            self._open_until = self._clock.monotonic()
 
     def reset(self) -> None:
         """Back to CLOSED with no history (an operator's "it is fixed")."""

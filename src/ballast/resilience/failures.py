@@ -40,8 +40,9 @@ INTER_CHUNK_TIMEOUT = Kind(
 STREAM_CUT = Kind("stream_cut", Action.FAILOVER, 502, "api_error", "upstream_stream_cut", True)
 BAD_RESPONSE = Kind("bad_response", Action.RETRY, 502, "api_error", "upstream_bad_response", True)
 RATE_LIMITED = Kind("rate_limited", Action.FAILOVER, 429, "rate_limit_error", "rate_limited", False)
+# Not a health failure by itself: a request can provoke it (see routing/probe.py).
 UPSTREAM_AUTH = Kind(
-    "upstream_auth", Action.FAILOVER, 502, "api_error", "upstream_auth_failed", True
+    "upstream_auth", Action.FAILOVER, 502, "api_error", "upstream_auth_failed", False
 )
 CONTEXT_LENGTH = Kind(
     "context_length",

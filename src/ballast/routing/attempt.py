@@ -33,28 +33,34 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Verdicts:
-    """What a failure says about a deployment: the breaker's verdict and any cooldown."""
+    """What a failure says about a deployment: the breaker's verdict and any cooldown.
+    `on_auth` hears of an upstream 401/403, which a request can cause by itself (a model
+    the upstream key may not use): the refusal fails that request only, and the prober
+    decides with the deployment's own key whether its credentials are bad."""
 
     routing: RoutingSettings
     clock: Clock
     on_event: Callable[[str, dict[str, Any]], None]
+    on_auth: Callable[[Target], None] | None = None
 
     def judge(self, target: Target, permit: Permit, failure: Failure) -> None:
         kind = failure.kind
         breaker = target.breaker
         if kind is failures.RATE_LIMITED:
             breaker.release(permit)
-            breaker.force_open(failure.retry_after or self.routing.rate_limit_cooldown)
+            seconds = failure.retry_after or self.routing.rate_limit_cooldown
+            target.cooling_until = max(target.cooling_until, self.clock.monotonic() + seconds)
+            breaker.force_open(seconds)
             self.on_event("cooldown", {"deployment": target.id, "seconds": failure.retry_after})
         elif kind is failures.UPSTREAM_AUTH:
             breaker.release(permit)
-            breaker.force_open(self.routing.auth_cooldown)
-            log.error(
-                "deployment %s refused our upstream credentials (%s); cooling it down for %ss",
+            log.warning(
+                "deployment %s refused a request (%s); checking its credentials with a probe",
                 target.id,
                 failure.status,
-                self.routing.auth_cooldown,
             )
+            if self.on_auth is not None:
+                self.on_auth(target)
         elif kind is failures.POOL_TIMEOUT:
             breaker.release(permit)
         elif kind.health_failure:

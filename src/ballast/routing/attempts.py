@@ -81,6 +81,7 @@ class AttemptLoop:
         rng: random.Random,
         on_event: Callable[[str, dict[str, Any]], None],
         tracer: Tracer | None = None,
+        on_auth: Callable[[Target], None] | None = None,
     ) -> None:
         self.settings = settings
         self.targets = targets
@@ -89,7 +90,7 @@ class AttemptLoop:
         self.on_event = on_event
         self.tracer = tracer
         routing = settings.routing
-        self.verdicts = Verdicts(routing, clock, on_event)
+        self.verdicts = Verdicts(routing, clock, on_event, on_auth)
         self.budget = RetryBudget(
             ratio=routing.retry_budget_ratio,
             min_per_second=routing.retry_budget_min_per_second,

@@ -10,10 +10,12 @@ from typing import Any
 from ballast.config import ModelGroup, Settings
 from ballast.observe.tracing import build_tracer
 from ballast.providers.base import SessionSource
+from ballast.resilience.breaker import BreakerState
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.handles import SharedSource
 from ballast.routing.attempts import AttemptLoop
 from ballast.routing.dispatch import Dispatch
+from ballast.routing.probe import ProbeGate, Prober
 from ballast.routing.targets import Target, Targets
 
 
@@ -26,6 +28,7 @@ class Router:
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         sessions: SessionSource | None = None,
         shared_handles: Callable[[str], SharedSource] | None = None,
+        probe_gate: ProbeGate | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -33,15 +36,29 @@ class Router:
         self.on_event = on_event or (lambda name, fields: None)
         self.sessions = sessions  # shared with the routers of later config generations
         self.shared_handles = shared_handles
-        self.deployments = Targets(settings, clock, self.rng, self._event, sessions, shared_handles)
+        self.probe_gate = probe_gate
+        self.prober = Prober(settings, clock, self._event, probe_gate)
+        self.deployments = Targets(
+            settings, clock, self.rng, self._event, sessions, shared_handles, self._on_state
+        )
         self.tracer = build_tracer(settings.observe.tracing)
         self.loop = AttemptLoop(
-            settings, self.deployments, clock, self.rng, self._event, self.tracer
+            settings,
+            self.deployments,
+            clock,
+            self.rng,
+            self._event,
+            self.tracer,
+            on_auth=self.prober.check_auth,
         )
         self.dispatch = Dispatch(self.loop, clock)
 
     def _event(self, name: str, fields: dict[str, Any]) -> None:
         self.on_event(name, fields)
+
+    def _on_state(self, target: Target, state: BreakerState) -> None:
+        if state is BreakerState.OPEN:
+            self.prober.watch(target)
 
     @property
     def targets(self) -> dict[str, Target]:
@@ -49,8 +66,10 @@ class Router:
 
     async def start(self) -> None:
         await self.deployments.start()
+        self.prober.start()
 
     async def close(self) -> None:
+        await self.prober.close()
         await self.deployments.close()
 
     def resolve(self, model: str) -> ModelGroup | None:

@@ -16,7 +16,7 @@ from typing import Any
 from ballast.config import Deployment, ModelGroup, Settings
 from ballast.providers import ADAPTERS, Adapter, AdapterContext
 from ballast.providers.base import SessionSource
-from ballast.resilience.breaker import BreakerConfig, CircuitBreaker
+from ballast.resilience.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from ballast.resilience.clock import Clock
 from ballast.resilience.handles import SharedSource
 from ballast.routing.health import DeploymentHealth, choose
@@ -35,6 +35,7 @@ class Target:
     breaker: CircuitBreaker
     health: DeploymentHealth
     drained: bool = False
+    cooling_until: float = 0.0  # monotonic: a Retry-After or auth cooldown runs until then
     id: str = field(init=False)  # the deployment's, read on every attempt
     upstream: Upstream = field(init=False)  # the adapter's pool
 
@@ -54,6 +55,7 @@ def breaker_config(settings: Settings) -> BreakerConfig:
         max_open_time=b.max_open_time,
         half_open_probes=b.half_open_probes,
         probe_timeout=b.probe_timeout,
+        open_multiplier=b.open_multiplier,
     )
 
 
@@ -68,8 +70,10 @@ class Targets:
         on_event: Callable[[str, dict[str, Any]], None],
         sessions: SessionSource | None = None,
         shared_handles: Callable[[str], SharedSource] | None = None,
+        on_state: Callable[[Target, BreakerState], None] | None = None,
     ) -> None:
         self.settings = settings
+        self._on_state = on_state
         self.rng = rng
         self._on_event = on_event
         self.by_id: dict[str, Target] = {}
@@ -104,9 +108,30 @@ class Targets:
                 members.append(target)
             self._by_group[group.name] = members
 
-    def _on_transition(self, name: str, old: Any, new: Any) -> None:
+    def _on_transition(self, name: str, old: BreakerState, new: BreakerState) -> None:
         log.warning("breaker %s: %s -> %s", name, old.value, new.value)
         self._on_event("breaker", {"deployment": name, "from": old.value, "to": new.value})
+        target = self.by_id.get(name)
+        if target is None:
+            return
+        if new is BreakerState.CLOSED:
+            # Recovered: its failures are history, so health routing tries it again at once
+            # (and a fast deployment gets its traffic back) instead of a window later.
+            target.health.window.clear()
+        if self._on_state is not None:
+            self._on_state(target, new)
+
+    def adopt(self, previous: Target) -> None:
+        """Keep what is known of an unchanged deployment across a config reload: its breaker
+        (whose transitions now reach this generation), its health, a drain, a cooldown."""
+        target = self.by_id.get(previous.id)
+        if target is None or target.deployment != previous.deployment:
+            return
+        target.breaker = previous.breaker
+        target.breaker.on_transition = self._on_transition
+        target.health = previous.health
+        target.drained = previous.drained
+        target.cooling_until = previous.cooling_until
 
     async def start(self) -> None:
         for target in self.by_id.values():

@@ -1,0 +1,151 @@
+"""Background probes of open deployments, so a recovered one is back in seconds.
+
+While a deployment's breaker is open, the gateway itself asks it (GET /models, or a
+one-token completion, per deployment) every `probe_interval` seconds, backing off to
+`max_probe_interval` while it keeps failing; no client request is spent on the question.
+A probe that answers ends the open wait: with a completion probe the breaker closes, with
+the model list (which can answer while completions fail) it half-opens, so one live request
+confirms, and that request fails over silently if it does not. A deployment cooled down by
+a 429's Retry-After is not probed before its cooldown ends. Probes are shared by every
+worker and instance through a short Redis lock where there is one, so a deployment sees
+at most one probe per interval in all.
+
+The prober is also the evidence for an upstream 401/403: a client's request can provoke
+one (a model the upstream key may not use, behind a wildcard), so a refusal alone fails only
+that request, and it is the probe, made with the deployment's own key and nothing of the
+client's, that says whether the credentials are bad and the deployment must cool down."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ballast.config import Settings
+from ballast.resilience.breaker import BreakerState
+from ballast.resilience.clock import Clock
+from ballast.resilience.failures import Failure
+from ballast.routing.targets import Target
+
+log = logging.getLogger("ballast.probe")
+
+# (deployment id, interval) -> True when this process may probe now (a shared lock).
+ProbeGate = Callable[[str, float], Awaitable[bool]]
+
+
+class Prober:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        on_event: Callable[[str, dict[str, Any]], None],
+        gate: ProbeGate | None = None,
+    ) -> None:
+        breaker = settings.routing.breaker
+        self.interval = breaker.probe_interval
+        self.max_interval = max(breaker.max_probe_interval, breaker.probe_interval)
+        self.auth_cooldown = settings.routing.auth_cooldown
+        self.clock = clock
+        self.on_event = on_event
+        self.gate = gate
+        self.counts: dict[tuple[str, str], int] = {}  # (deployment, outcome) -> probes
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._running = False  # between the router's start and close
+
+    def watch(self, target: Target) -> None:
+        """Probe `target` until its breaker closes (a no-op while it is being probed)."""
+        if not self._running or target.adapter.probe_request() is None:
+            return
+        task = self._tasks.get(target.id)
+        if task is not None and not task.done():
+            return
+        self._tasks[target.id] = asyncio.get_running_loop().create_task(self._watch(target))
+
+    def check_auth(self, target: Target) -> None:
+        """A request was refused with 401/403: probe now, with the deployment's own key."""
+        if not self._running or target.adapter.probe_request() is None:
+            return
+        task = self._tasks.get(target.id)
+        if task is not None and not task.done():
+            return
+        self._tasks[target.id] = asyncio.get_running_loop().create_task(self._auth_check(target))
+
+    def start(self) -> None:
+        self._running = True
+
+    async def close(self) -> None:
+        self._running = False
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- the loops ---------------------------------------------------------------------
+
+    async def _watch(self, target: Target) -> None:
+        interval = self.interval
+        breaker = target.breaker
+        while self._running and breaker.state is not BreakerState.CLOSED:
+            wait = max(interval, target.cooling_until - self.clock.monotonic())
+            await self.clock.sleep(wait)
+            if breaker.state is not BreakerState.OPEN or target.drained:
+                # Half-open: a live request is the probe now; closed: recovered.
+                interval = self.interval
+                continue
+            outcome = await self._probe(target)
+            if outcome == "ok":
+                self._recovered(target)
+                interval = self.interval
+            elif outcome == "skipped":
+                interval = self.interval
+            else:
+                interval = min(interval * 2, self.max_interval)
+
+    async def _auth_check(self, target: Target) -> None:
+        outcome = await self._probe(target, shared=False)
+        if outcome != "auth":
+            return
+        log.error(
+            "deployment %s refused our upstream credentials on a probe; cooling it down for %ss",
+            target.id,
+            self.auth_cooldown,
+        )
+        target.cooling_until = self.clock.monotonic() + self.auth_cooldown
+        target.breaker.force_open(self.auth_cooldown)
+        self.on_event("cooldown", {"deployment": target.id, "seconds": self.auth_cooldown})
+        self._tasks.pop(target.id, None)
+        self.watch(target)
+
+    async def _probe(self, target: Target, shared: bool = True) -> str:
+        """One probe: "ok", "auth" (401/403), "failed", or "skipped" (another worker's)."""
+        request = target.adapter.probe_request()
+        if request is None:
+            return "skipped"
+        if shared and self.gate is not None and not await self.gate(target.id, self.interval):
+            return "skipped"
+        method, path, body = request
+        upstream = target.upstream
+        try:
+            status, _ = await upstream.call_json(method, upstream.base_url + path, body)
+        except Failure:
+            status = 0
+        except Exception:
+            log.exception("probe of %s failed unexpectedly", target.id)
+            status = 0
+        outcome = "ok" if 200 <= status < 300 else "auth" if status in (401, 403) else "failed"
+        key = (target.id, outcome)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.on_event("probe", {"deployment": target.id, "outcome": outcome})
+        return outcome
+
+    def _recovered(self, target: Target) -> None:
+        """The probe answered: a completion proves enough to close; the model list only
+        enough for one live request to try (half-open)."""
+        if target.deployment.probe == "completion" and target.deployment.model not in (None, "*"):
+            target.breaker.reset()
+        else:
+            target.breaker.half_open_now()
+        target.cooling_until = 0.0
+        log.info("deployment %s answered a probe", target.id)
