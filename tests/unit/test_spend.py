@@ -21,11 +21,10 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from ballast.config import ModelPrice
 from ballast.resilience.clock import ManualClock
-from ballast.state import spend
+from ballast.state import spend_buffer
 from ballast.state.db import Database
 from ballast.state.schema import spend_events, spend_totals
 from ballast.state.spend import (
-    _EVENT_COLUMNS,
     EventBuffer,
     SpendEvent,
     SpendRecorder,
@@ -34,6 +33,7 @@ from ballast.state.spend import (
     new_event_id,
     period_of,
 )
+from ballast.state.spend_buffer import _EVENT_COLUMNS
 
 INTERVAL = 1.0
 
@@ -661,7 +661,7 @@ def test_an_event_buffer_gives_back_what_it_was_given_in_order() -> None:
 def test_an_event_buffer_splits_its_json_into_bounded_arrays(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(spend, "JSON_CHUNK_BYTES", 300)
+    monkeypatch.setattr(spend_buffer, "JSON_CHUNK_BYTES", 300)
     events = odd_events()
     buffer = EventBuffer()
     for e in events:
@@ -686,7 +686,7 @@ async def test_events_read_back_from_the_database_as_they_were_recorded(
     make_recorder: Callable[..., SpendRecorder],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(spend, "JSON_CHUNK_BYTES", 500)  # several statements
+    monkeypatch.setattr(spend_buffer, "JSON_CHUNK_BYTES", 500)  # several statements
     recorder = make_recorder()
     events = odd_events()
     for e in events:
