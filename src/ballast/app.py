@@ -67,7 +67,7 @@ class BallastApp:
                 (lambda dep_id: SharedHandles(store, dep_id, clock)) if store is not None else None
             ),
         )
-        self.pipeline = Pipeline(settings, self.router)
+        self.pipeline = Pipeline(settings, self.router, clock)
         self.openai = OpenAIHandlers(self.pipeline)
         self.ready = False
         self.in_flight = 0  # proxied requests running in this worker

@@ -22,6 +22,7 @@ from ballast.heap import settle_after_retire
 from ballast.observe.hub import Observer, Trace
 from ballast.pipeline.asgi import Receive, Scope, Send
 from ballast.pipeline.pipeline import Pipeline
+from ballast.resilience.clock import Clock
 from ballast.routing.router import Router
 
 log = logging.getLogger("ballast.admin")
@@ -32,6 +33,7 @@ class Gateway(Protocol):
     without importing it): its settings, the generation requests run on, and its counters."""
 
     settings: Settings
+    clock: Clock
     generation: Generation
     observer: Observer
     router: Router
@@ -162,7 +164,7 @@ class Reloader:
         except BaseException:
             await router.close()
             raise
-        pipeline = Pipeline(settings, router)
+        pipeline = Pipeline(settings, router, app.clock)
         pipeline.access = old.handlers.pipeline.access  # what start-up attached
         pipeline.cache = old.handlers.pipeline.cache
         handlers = OpenAIHandlers(pipeline)
