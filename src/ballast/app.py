@@ -54,7 +54,7 @@ class BallastApp:
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.observer = Observer(lambda: self.router.targets.values())
+        self.observer = Observer(lambda: self.router.targets.values(), clock)
         self.state = StateHub(settings, clock)
         store = self.state.store
         self.router = Router(

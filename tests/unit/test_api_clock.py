@@ -1,7 +1,8 @@
 """The request path's own timers run on the app's clock: with a ManualClock, a body that never
 finishes is cut off with 408 when the clock passes `server.body_timeout` (not before, and
-not on the event loop's time), and the disconnect watch starts when the clock passes its
-delay. The app is driven through its ASGI callable (tests/unit/drive.py)."""
+not on the event loop's time), the disconnect watch starts when the clock passes its delay,
+and the request metrics measure the clock's time. The app is driven through its ASGI
+callable (tests/unit/drive.py)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,9 @@ async def test_a_body_that_never_finishes_is_408_when_the_clock_passes_the_body_
         assert client.status == 408
         assert client.json()["error"]["code"] == "request_timeout"
         assert (b"connection", b"close") in client.sent[0]["headers"]
+        # The request's latency is the clock's: the 30 s it was held open.
+        timing = app.observer.metrics.stats.timings[("unknown", "none")]
+        assert timing.latency_sum == pytest.approx(30.0, abs=0.2)
     finally:
         await app.shutdown()
 

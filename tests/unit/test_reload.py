@@ -31,6 +31,8 @@ async def test_a_swap_keeps_the_breaker_health_and_drain_of_an_unchanged_deploym
         new = tree(tmp_path, ("a", "http://127.0.0.1:9/v1"), ("b", "http://127.0.0.1:10/v1"))
         await app.reloader.swap(parse_settings(new, environ={}))
         assert app.generation.number == 2 and app.reloader.reloads == 1
+        assert app.observer.events[-1]["event"] == "reload"
+        assert app.observer.events[-1]["ts"] == clock.time()  # stamped by the app's clock
         assert app.router is app.generation.router and app.pipeline.router is app.router
         a, b = app.router.targets["a"], app.router.targets["b"]
         assert a is not kept

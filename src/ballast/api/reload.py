@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
@@ -68,7 +67,7 @@ class Generation:
 
     async def proxy(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         self.in_flight += 1
-        trace = Trace(send, time.perf_counter())
+        trace = Trace(send, self.observer.monotonic)
         tracer = self.router.tracer
         try:
             if tracer is None:
