@@ -2,7 +2,7 @@
 
 A reload builds a new router from the new file, starts it, and swaps it in as the next
 *generation*; requests already running finish on the generation they started on, which is
-closed once its last request is done (or after a grace). A config that
+closed once its last request is done, or after a grace on the app's clock. A config that
 does not validate is refused with its errors and the running one keeps serving. The admin
 API's `/admin/reload` and SIGHUP both come here."""
 
@@ -84,21 +84,24 @@ class Generation:
             except Exception:
                 log.exception("could not record a request")
 
-    async def retire(self, grace: float) -> None:
-        """Wait (at most `grace` seconds) for the running requests, then close the router."""
-        self._idle = asyncio.Event()
+    async def retire(self, grace: float, clock: Clock) -> None:
+        """Wait (at most `grace` seconds on `clock`) for the running requests, then close
+        the router. The grace is a timer that wakes the same event the last request sets."""
+        idle = self._idle = asyncio.Event()
         if self.in_flight == 0:
-            self._idle.set()
+            idle.set()
+        timer = clock.call_later(grace, idle.set)
         try:
-            await asyncio.wait_for(self._idle.wait(), grace)
-        except TimeoutError:
-            log.warning(
-                "config generation %d: %d requests still running after %.0fs; closing it",
-                self.number,
-                self.in_flight,
-                grace,
-            )
+            await idle.wait()
+            if self.in_flight:
+                log.warning(
+                    "config generation %d: %d requests still running after %.0fs; closing it",
+                    self.number,
+                    self.in_flight,
+                    grace,
+                )
         finally:
+            timer.cancel()
             await self.router.close()
 
 
@@ -181,7 +184,7 @@ class Reloader:
             {"generation": new.number, "deployments": len(router.targets)},
         )
         grace = old.settings.timeouts.request + 5.0
-        task = self._background(old.retire(grace))
+        task = self._background(old.retire(grace, app.clock))
         task.add_done_callback(lambda _: settle_after_retire())
 
     async def close(self) -> None:
