@@ -209,9 +209,9 @@ def app_from_env() -> BallastApp:
         os.environ.get("BALLAST_LOG_LEVEL", "info"), os.environ.get("BALLAST_LOG_FORMAT", "text")
     )
     settings = load_settings(os.environ["BALLAST_CONFIG"])
-    GuardedHttpToolsProtocol.configure(
-        settings.server.header_timeout, settings.server.max_header_bytes
-    )
     app = BallastApp(settings)
+    GuardedHttpToolsProtocol.configure(
+        settings.server.header_timeout, settings.server.max_header_bytes, app.clock
+    )
     app.config_path = os.environ["BALLAST_CONFIG"]
     return app
