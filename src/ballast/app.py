@@ -14,10 +14,11 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
-from ballast.api.admin import Admin, Generation
+from ballast.api.admin import Admin
 from ballast.api.jobs import JobsApi
 from ballast.api.keys_admin import KeysAdmin
 from ballast.api.openai import OpenAIHandlers
+from ballast.api.reload import Generation, Reloader
 from ballast.cache.service import build_cache
 from ballast.config import Settings
 from ballast.heap import settle_after_startup
@@ -54,7 +55,7 @@ class BallastApp:
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.observer = Observer(lambda: self.router.targets.values())
+        self.observer = Observer(lambda: self.router.targets.values(), clock)
         self.state = StateHub(settings, clock)
         store = self.state.store
         self.router = Router(
@@ -68,7 +69,7 @@ class BallastApp:
             ),
             probe_gate=ProbeLock(store) if store is not None else None,
         )
-        self.pipeline = Pipeline(settings, self.router)
+        self.pipeline = Pipeline(settings, self.router, clock)
         self.openai = OpenAIHandlers(self.pipeline)
         self.ready = False
         self.in_flight = 0  # proxied requests running in this worker
@@ -77,7 +78,8 @@ class BallastApp:
         self.config_path: str | None = None  # set when started from a file (enables reload)
         # A config reload swaps in a new generation; a request runs on the one it began on.
         self.generation = Generation(1, settings, self.router, self.openai, self.observer)
-        self.admin = Admin(self)
+        self.reloader = Reloader(self)
+        self.admin = Admin(self, self.reloader)
         KeysAdmin(self.state, settings.server.max_body_bytes).register(self.admin)
         # Jobs: the dispatcher runs only when job backends are configured.
         self.job_store = JobStore(self.state.db, clock, settings.jobs.lease_time)
@@ -167,12 +169,12 @@ class BallastApp:
         await self.router.start()
         self.observer.metrics.deployments(self.router.targets)
         self.observer.metrics.start()
-        self.admin.install_signal_handler()
+        self.reloader.install_signal_handler()
         self.ready = True
 
     async def shutdown(self) -> None:
         self.ready = False
-        await self.admin.close()
+        await self.reloader.close()
         await self.router.close()
         if self.dispatcher is not None:
             await self.dispatcher.close()  # in-flight results written, leases handed back
@@ -209,9 +211,9 @@ def app_from_env() -> BallastApp:
         os.environ.get("BALLAST_LOG_LEVEL", "info"), os.environ.get("BALLAST_LOG_FORMAT", "text")
     )
     settings = load_settings(os.environ["BALLAST_CONFIG"])
-    GuardedHttpToolsProtocol.configure(
-        settings.server.header_timeout, settings.server.max_header_bytes
-    )
     app = BallastApp(settings)
+    GuardedHttpToolsProtocol.configure(
+        settings.server.header_timeout, settings.server.max_header_bytes, app.clock
+    )
     app.config_path = os.environ["BALLAST_CONFIG"]
     return app

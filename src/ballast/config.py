@@ -115,10 +115,11 @@ class Deployment(_Strict):
     timeouts: TimeoutOverrides = TimeoutOverrides()
     pool_size: int | None = Field(None, ge=1)
     supports_prefill: bool = False
-    probe: Literal["models", "completion", "none"] = Field(
-        "models",
-        description="how an open deployment is probed in the background: GET /models, a"
-        " one-token completion, or not at all",
+    probe: Literal["auto", "models", "completion", "none"] = Field(
+        "auto",
+        description="how an open deployment is probed in the background: a one-token"
+        " completion, GET /models, or not at all; auto: a completion when the deployment"
+        " names its model, else the model list",
     )
     headers: dict[str, str] = {}
     proxy: SecretStr | None = Field(

@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.stack import Gateway, Stack, deployment, group
+from tests.stack import Gateway, Stack, deployment, group, wait_for
 
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 FAST = {"connect": 1.0, "first_token": 0.5, "inter_chunk": 0.5, "answer": 1.0, "request": 20.0}
@@ -499,7 +499,12 @@ def test_upstream_auth_failure_fails_over_and_cools_down(stack: Stack) -> None:
     b = stack.sim("ok", name="b")
     gateway = stack.gateway(config(ordered("chat", deployment("a", a), deployment("b", b))))
     api = client(gateway)
-    for _ in range(5):
+    assert served_by(chat(api).system_fingerprint) == "b"
+    # The refusal alone fails over; the probe, made with the deployment's own key and
+    # refused as well, is what cools it down.
+    breaker = gateway.router.targets["a"].breaker
+    wait_for(lambda: breaker.state.value == "open")
+    for _ in range(4):
         assert served_by(chat(api).system_fingerprint) == "b"
     assert len(stack.attempts(a)) == 1
 

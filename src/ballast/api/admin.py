@@ -1,116 +1,28 @@
-"""The operator's surface: `/admin/*` (master key), `/metrics`, `/dashboard` (master key or the
-read-only dashboard token), and config reload without dropping a request.
-
-A reload builds a new router from the new file, starts it, and swaps it in as the next
-*generation*; requests already running finish on the generation they started on, which is
-closed once its last request is done. A config that does not validate is refused with its
-errors and the running one keeps serving."""
+"""The operator's surface: `/admin/*` (master key), `/metrics` and `/dashboard` (master key or
+the read-only dashboard token). `/admin/reload` hands over to the reloader (reload.py), which
+owns config generations."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
-import logging
 import os
-import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
 
-from ballast.api.openai import OpenAIHandlers
-from ballast.config import ConfigError, Settings, load_settings, masked
-from ballast.heap import settle_after_retire
-from ballast.observe.hub import Observer, Trace
+from ballast.api.reload import Gateway, Reloader
+from ballast.config import masked
 from ballast.observe.metrics import CONTENT_TYPE
 from ballast.pipeline.asgi import JSON, Receive, Scope, Send, header, send_bytes, send_error
 from ballast.pipeline.errors import ApiError
-from ballast.pipeline.pipeline import Pipeline
-from ballast.routing.router import Router
-
-
-class Gateway(Protocol):
-    """What the admin API reads and swaps of the running gateway (the app, without
-    importing it): its settings, the generation requests run on, and its counters."""
-
-    settings: Settings
-    generation: Generation
-    observer: Observer
-    router: Router
-    openai: OpenAIHandlers
-    pipeline: Pipeline
-    config_path: str | None
-    ready: bool
-    max_in_flight: int
-    shed: int
-
-
-log = logging.getLogger("ballast.admin")
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 NOT_CONFIGURED = {"status": "not configured"}
-
-
-class Generation:
-    """One config's router and handlers, with the client requests running on them."""
-
-    __slots__ = ("_idle", "handlers", "in_flight", "number", "observer", "router", "settings")
-
-    def __init__(
-        self,
-        number: int,
-        settings: Settings,
-        router: Router,
-        handlers: OpenAIHandlers,
-        observer: Observer,
-    ) -> None:
-        self.number = number
-        self.settings = settings
-        self.router = router
-        self.handlers = handlers
-        self.observer = observer
-        self.in_flight = 0
-        self._idle: asyncio.Event | None = None
-
-    async def proxy(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
-        self.in_flight += 1
-        trace = Trace(send, time.perf_counter())
-        tracer = self.router.tracer
-        try:
-            if tracer is None:
-                await self.handlers.proxy(scope, receive, trace.send, path)
-            else:
-                with tracer.span("ballast.request", path=path):
-                    await self.handlers.proxy(scope, receive, trace.send, path)
-        finally:
-            self.in_flight -= 1
-            if self.in_flight == 0 and self._idle is not None:
-                self._idle.set()
-            try:
-                self.observer.request(trace, scope.get("ballast.request"), self.router, path)
-            except Exception:
-                log.exception("could not record a request")
-
-    async def retire(self, grace: float) -> None:
-        """Wait (at most `grace` seconds) for the running requests, then close the router."""
-        self._idle = asyncio.Event()
-        if self.in_flight == 0:
-            self._idle.set()
-        try:
-            await asyncio.wait_for(self._idle.wait(), grace)
-        except TimeoutError:
-            log.warning(
-                "config generation %d: %d requests still running after %.0fs; closing it",
-                self.number,
-                self.in_flight,
-                grace,
-            )
-        finally:
-            await self.router.close()
 
 
 def process_stats() -> dict[str, Any]:
@@ -163,12 +75,10 @@ def _unauthorized(message: str) -> ApiError:
 
 
 class Admin:
-    def __init__(self, app: Gateway) -> None:
+    def __init__(self, app: Gateway, reloader: Reloader) -> None:
         self.app = app
+        self.reloader = reloader
         self.started = time.time()
-        self.reloads = 0
-        self._reload_lock = asyncio.Lock()
-        self._retiring: set[asyncio.Task[None]] = set()
         self._routes: dict[tuple[str, str], tuple[Handler, bool]] = {
             ("GET", "/admin/state"): (self.state, False),
             ("GET", "/admin/events"): (self.events, False),
@@ -311,12 +221,12 @@ class Admin:
             "uptime": time.time() - self.started,
             "ready": app.ready,
             "generation": generation.number,
-            "reloads": self.reloads,
+            "reloads": self.reloader.reloads,
             "in_flight": generation.in_flight,
             "max_in_flight": app.max_in_flight,
             "shed": app.shed,
             "process": process_stats(),
-            "retiring_generations": len(self._retiring),
+            "retiring_generations": self.reloader.retiring,
             "traffic_bucket_seconds": traffic.BUCKET,
             "models": models,
             "redis": self._backend("redis"),
@@ -367,7 +277,7 @@ class Admin:
         await send_bytes(send, 200, [JSON], orjson.dumps(body))
 
     async def reload(self, scope: Scope, receive: Receive, send: Send) -> None:
-        errors = await self.reload_config()
+        errors = await self.reloader.reload()
         if errors:
             body = {
                 "error": {
@@ -383,98 +293,3 @@ class Admin:
             return
         done = {"status": "reloaded", "generation": self.app.generation.number}
         await send_bytes(send, 200, [JSON], orjson.dumps(done))
-
-    async def reload_config(self) -> list[str]:
-        """Load the config file again and swap it in; the errors when it is refused."""
-        app = self.app
-        metrics = app.observer.metrics
-        async with self._reload_lock:
-            if app.config_path is None:
-                return ["(reload): this gateway was not started from a config file"]
-            try:
-                settings = await asyncio.to_thread(load_settings, app.config_path)
-            except ConfigError as exc:
-                metrics.reloads.labels("refused").inc()
-                log.warning("config reload refused: %d problem(s)", len(exc.errors))
-                return exc.errors
-            try:
-                await self.swap(settings)
-            except Exception as exc:
-                metrics.reloads.labels("failed").inc()
-                log.exception("config reload failed")
-                return [f"(start): the new config could not start ({type(exc).__name__})"]
-            metrics.reloads.labels("ok").inc()
-            return []
-
-    async def swap(self, settings: Settings) -> None:
-        """Start a router for `settings` and make it the one new requests use."""
-        app = self.app
-        old = app.generation
-        router = Router(
-            settings,
-            old.router.clock,
-            old.router.rng,
-            on_event=app.observer.on_event,
-            sessions=old.router.sessions,
-            shared_handles=old.router.shared_handles,
-            probe_gate=old.router.probe_gate,
-        )
-        for previous in old.router.targets.values():
-            router.deployments.adopt(previous)  # an unchanged deployment keeps its state
-        try:
-            await router.start()
-        except BaseException:
-            await router.close()
-            raise
-        pipeline = Pipeline(settings, router)
-        pipeline.access = old.handlers.pipeline.access  # what start-up attached
-        pipeline.cache = old.handlers.pipeline.cache
-        handlers = OpenAIHandlers(pipeline)
-        new = Generation(old.number + 1, settings, router, handlers, app.observer)
-        # The swap itself: no await between these lines, so no request sees half of it.
-        app.generation = new
-        app.settings = settings
-        app.router = router
-        app.openai = handlers
-        app.pipeline = pipeline
-        self.reloads += 1
-        app.observer.metrics.deployments(router.targets)
-        app.observer.note(
-            "reload",
-            {"generation": new.number, "deployments": len(router.targets)},
-        )
-        grace = old.settings.timeouts.request + 5.0
-        task = asyncio.get_running_loop().create_task(old.retire(grace))
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
-        task.add_done_callback(lambda _: settle_after_retire())
-
-    async def close(self) -> None:
-        """At shutdown: let retiring generations finish (they hold open connections)."""
-        for task in list(self._retiring):
-            task.cancel()
-        for task in list(self._retiring):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    # -- SIGHUP -----------------------------------------------------------------------
-
-    def install_signal_handler(self) -> None:
-        """SIGHUP reloads the config file (only in the main thread, where signals arrive)."""
-        if self.app.config_path is None or not hasattr(signal, "SIGHUP"):
-            return
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
-            loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
-
-    def _on_sighup(self) -> None:
-        log.info("SIGHUP: reloading the config")
-
-        async def run() -> None:
-            errors = await self.reload_config()
-            for line in errors:
-                log.error("config reload refused: %s", line)
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)

@@ -1,5 +1,6 @@
 """Where requests and router events are observed: metrics, log lines, the recent-events ring
-the dashboard polls, and each deployment's traffic over the last minutes."""
+the dashboard polls, and each deployment's traffic over the last minutes. Every reading is of
+the app's clock, so a test that moves the clock sees the latencies and timestamps it made."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from ballast.observe.logs import access_logged, log_event, log_request
 from ballast.observe.metrics import Metrics
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.types import Message, Send
 
 # Events worth a log line and a place on the dashboard; "retry" is only counted.
@@ -23,9 +25,11 @@ _ERROR_EVENT = b'data: {"error"'
 
 class Trace:
     """One client request as the client saw it: wraps `send` to note the status, the time of
-    the first byte of the answer and whether a stream ended with an error event."""
+    the first byte of the answer and whether a stream ended with an error event; `now` is
+    the clock's monotonic reading."""
 
     __slots__ = (
+        "_now",
         "_send",
         "deployment",
         "first",
@@ -36,9 +40,10 @@ class Trace:
         "streaming",
     )
 
-    def __init__(self, send: Send, started: float) -> None:
+    def __init__(self, send: Send, now: Callable[[], float]) -> None:
         self._send = send
-        self.started = started
+        self._now = now
+        self.started = now()
         self.status = 0
         self.first = 0.0
         self.streaming = False
@@ -53,7 +58,7 @@ class Trace:
             if self.streaming:
                 body = message.get("body", b"")
                 if not self.first and body:
-                    self.first = time.perf_counter()
+                    self.first = self._now()
                 elif body.startswith(_ERROR_EVENT):
                     self.stream_error = True
         elif kind == "http.response.start":
@@ -106,9 +111,16 @@ class Traffic:
 
 
 class Observer:
-    def __init__(self, targets: Callable[[], Iterable[Any]], ring_size: int = 500) -> None:
+    def __init__(
+        self,
+        targets: Callable[[], Iterable[Any]],
+        clock: Clock = SYSTEM_CLOCK,
+        ring_size: int = 500,
+    ) -> None:
+        self.monotonic = clock.monotonic  # request latencies (a Trace reads it too)
+        self._time = clock.time  # event timestamps
         self.metrics = Metrics(targets)
-        self.traffic = Traffic()
+        self.traffic = Traffic(clock.time)
         self.events: deque[dict[str, Any]] = deque(maxlen=ring_size)
         self._seq = itertools.count(1)
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
@@ -124,7 +136,7 @@ class Observer:
 
     def note(self, name: str, fields: dict[str, Any]) -> None:
         """Remember and log a notable event."""
-        self.events.append({"seq": next(self._seq), "ts": time.time(), "event": name, **fields})
+        self.events.append({"seq": next(self._seq), "ts": self._time(), "event": name, **fields})
         level = logging.INFO
         if name == "breaker" and fields.get("to") == "open":
             level = logging.WARNING
@@ -137,7 +149,7 @@ class Observer:
 
     def request(self, trace: Trace, request: Any, router: Any, path: str) -> None:
         """A client request ended (called once per request, after the last byte)."""
-        now = time.perf_counter()
+        now = self.monotonic()
         latency = now - trace.started
         status = trace.status or 499
         model = "unknown"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from ballast.pipeline.errors import ApiError
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
 from ballast.types import Handler, Message, Receive, Scope, Send
 
 __all__ = ["Handler", "Message", "Receive", "Scope", "Send"]
@@ -58,8 +59,10 @@ def body_timed_out(timeout: float) -> ApiError:
     )
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int, seconds: float = 30.0) -> bytes:
-    """The whole body, at most `limit` bytes, received within `seconds` (a client
+async def read_body(
+    scope: Scope, receive: Receive, limit: int, seconds: float = 30.0, clock: Clock = SYSTEM_CLOCK
+) -> bytes:
+    """The whole body, at most `limit` bytes, received within `seconds` on `clock` (a client
     trickling its body is cut off with 408 instead of holding the request open)."""
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -78,7 +81,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int, seconds: float =
         task.cancel()
 
     cancelling = task.cancelling()
-    timer = asyncio.get_running_loop().call_later(seconds, expire)
+    timer = clock.call_later(seconds, expire)
     try:
         return await _receive_body(receive, limit)
     except asyncio.CancelledError:
@@ -133,19 +136,19 @@ WATCH_AFTER = 0.05
 class DisconnectWatch:
     """Cancels the handler's task when the client disconnects, so an upstream request made
     for nobody is dropped at once (no tokens generated for nobody). The watching task starts
-    only after `delay` seconds, so a quick answer never pays for one."""
+    only after `delay` seconds on `clock`, so a quick answer never pays for one."""
 
     __slots__ = ("_receive", "_stopped", "_task", "_timer", "_watcher", "fired")
 
-    def __init__(self, receive: Receive, delay: float = WATCH_AFTER) -> None:
+    def __init__(
+        self, receive: Receive, clock: Clock = SYSTEM_CLOCK, delay: float = WATCH_AFTER
+    ) -> None:
         self.fired = False
         self._stopped = False
         self._receive = receive
         self._task = asyncio.current_task()
         self._watcher: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            delay, self._start
-        )
+        self._timer: Timer | None = clock.call_later(delay, self._start)
 
     def _start(self) -> None:
         self._timer = None

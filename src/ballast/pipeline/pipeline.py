@@ -47,6 +47,7 @@ from ballast.pipeline.errors import ApiError, from_failure, model_not_found
 from ballast.pipeline.keepalive import KeepAlive
 from ballast.pipeline.relay import Relay
 from ballast.pipeline.respond import HeaderAllowlist, Responder
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.failures import Action, Failure
 from ballast.routing.attempts import Attempts
 from ballast.routing.dispatch import OpenStream
@@ -82,8 +83,9 @@ def is_passthrough(failure: Failure) -> bool:
 
 
 class Pipeline:
-    def __init__(self, settings: Settings, router: Router) -> None:
+    def __init__(self, settings: Settings, router: Router, clock: Clock = SYSTEM_CLOCK) -> None:
         self.router = router
+        self.clock = clock  # the body's and the disconnect watch's timers
         self.max_body_bytes = settings.server.max_body_bytes
         self.body_timeout = settings.server.body_timeout
         self.continuation = settings.routing.continuation
@@ -102,7 +104,9 @@ class Pipeline:
         ctx: RequestContext | None = None
         try:
             require_json(scope)
-            body = await read_body(scope, receive, self.max_body_bytes, self.body_timeout)
+            body = await read_body(
+                scope, receive, self.max_body_bytes, self.body_timeout, self.clock
+            )
             ctx = parse(path, body)  # 1
             ctx.request_id = rid.decode("latin-1")
             ctx.authorization = header(scope, b"authorization")
@@ -111,7 +115,7 @@ class Pipeline:
             cache_field = take_field(ctx) if "cache" in ctx.payload else None
             if self.access is not None:
                 await self._admit(scope, ctx, responder)  # 3
-            watch = DisconnectWatch(receive)
+            watch = DisconnectWatch(receive, self.clock)
             if group.cache is not None and self.cache is not None:  # 4
                 if await self._cached(scope, ctx, group, cache_field, responder, watch):
                     return

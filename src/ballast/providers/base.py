@@ -130,12 +130,12 @@ class Adapter:
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
         """(method, path, body) of the background probe of an open deployment, or None when
         it is not probed. A one-token completion needs the model's name; without one the
-        model list stands in."""
+        model list stands in (it can answer while completions fail, so it proves less)."""
         kind = self.deployment.probe
         if kind == "none":
             return None
         model = self.deployment.model
-        if kind == "completion" and model is not None and model != "*":
+        if kind in ("completion", "auto") and model is not None and model != "*":
             body = {"model": model, "messages": [{"role": "user", "content": "ping"}]}
             return "POST", "/chat/completions", {**body, "max_tokens": 1}
         return "GET", "/models", None

@@ -1,7 +1,8 @@
 """Background probes of open deployments, so a recovered one is back in seconds.
 
 While a deployment's breaker is open, the gateway itself asks it (GET /models, or a
-one-token completion, per deployment) every `probe_interval` seconds, backing off to
+one-token completion where the deployment names its model, per deployment) every
+`probe_interval` seconds, backing off to
 `max_probe_interval` while it keeps failing; no client request is spent on the question.
 A probe that answers ends the open wait: with a completion probe the breaker closes, with
 the model list (which can answer while completions fail) it half-opens, so one live request
@@ -143,7 +144,8 @@ class Prober:
     def _recovered(self, target: Target) -> None:
         """The probe answered: a completion proves enough to close; the model list only
         enough for one live request to try (half-open)."""
-        if target.deployment.probe == "completion" and target.deployment.model not in (None, "*"):
+        request = target.adapter.probe_request()
+        if request is not None and request[1] == "/chat/completions":
             target.breaker.reset()
         else:
             target.breaker.half_open_now()

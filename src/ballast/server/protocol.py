@@ -3,7 +3,8 @@ within `header_timeout` seconds and fit in `max_header_bytes`. A client tricklin
 (slowloris) or sending an endless header block gets 408 / 431 and is disconnected, instead of
 holding a connection and a growing buffer for as long as it likes.
 
-Cost on the hot path: a clock read and two flags per request (the connection's one timer is
+The deadline is on the app's clock (`configure`), so a test moves it without waiting. Cost on
+the hot path: a clock read and two flags per request (the connection's one timer is
 re-armed about once per `header_timeout`, not per request); one length check per read while
 headers are pending."""
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import asyncio
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -38,16 +41,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     header_timeout: float = 10.0
     max_header_bytes: int = 64 * 1024
+    clock: Clock = SYSTEM_CLOCK
 
-    _header_timer: asyncio.TimerHandle | None = None
+    _header_timer: Timer | None = None
     _header_bytes: int = 0
     _headers_since: float = 0.0
     _headers_pending: bool = False
 
     @classmethod
-    def configure(cls, header_timeout: float, max_header_bytes: int) -> None:
+    def configure(
+        cls, header_timeout: float, max_header_bytes: int, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         cls.header_timeout = header_timeout
         cls.max_header_bytes = max_header_bytes
+        cls.clock = clock
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -66,17 +73,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         not once per request."""
         self._headers_pending = True
         self._header_bytes = 0
-        self._headers_since = self.loop.time()
+        self._headers_since = self.clock.monotonic()
         if self._header_timer is None:
-            self._header_timer = self.loop.call_later(self.header_timeout, self._check_headers)
+            self._header_timer = self.clock.call_later(self.header_timeout, self._check_headers)
 
     def _check_headers(self) -> None:
         self._header_timer = None
         if not self._headers_pending:
             return  # between requests: the next request arms it again
-        late = self._headers_since + self.header_timeout - self.loop.time()
+        late = self._headers_since + self.header_timeout - self.clock.monotonic()
         if late > 0:  # this request began after the timer was armed: wait out its own time
-            self._header_timer = self.loop.call_later(late, self._check_headers)
+            self._header_timer = self.clock.call_later(late, self._check_headers)
             return
         self._reject(408, "The request headers did not arrive in time.", "request_timeout")
 

@@ -348,6 +348,12 @@ def _model_object(state: SimState, model_id: str) -> dict[str, Any]:
 
 async def _models(request: web.Request) -> web.Response:
     state = request.app[SIM_STATE]
+    # A key the upstream refuses is refused here too, as real providers do; faults that
+    # are about answering (5xx, 429, stalls) leave the model list alone.
+    rule = state.select("*", request.headers.get(BEHAVIOUR_HEADER))
+    if rule.behaviour.name == "401":
+        status, error, extra = fault_error(rule.behaviour, 0, request.headers.get("authorization"))
+        return json_response(error, status, extra)
     data = [_model_object(state, m) for m in state.model_ids()]
     return json_response({"object": "list", "data": data})
 
