@@ -263,3 +263,33 @@ def test_single_candidate_and_empty() -> None:
     for strategy in ("health", "ordered", "weighted"):
         assert choose(["a"], strategy, hs.__getitem__, lambda _: 1.0, random.Random()) == ["a"]
         assert choose([], strategy, hs.__getitem__, lambda _: 1.0, random.Random()) == []
+
+
+def test_a_deployment_that_lost_every_pair_is_tried_again_once_its_figure_is_old() -> None:
+    clock = ManualClock()
+    fast = DeploymentHealth("fast", clock)
+    slow = DeploymentHealth("slow", clock)
+    for h, latency in ((fast, 0.1), (slow, 0.5)):
+        h.start()
+        h.finish(True, latency=latency)
+    hs = {"fast": fast, "slow": slow}
+    rng = random.Random(1)
+
+    def first() -> str:
+        order = choose(["fast", "slow"], "health", hs.__getitem__, lambda _: 1.0, rng)
+        return order[0]
+
+    assert first() == "fast"
+    clock.advance(5)  # "fast" keeps answering; "slow" is not asked, so its figure ages
+    fast.start()
+    fast.finish(True, latency=0.1)
+    assert first() == "fast"
+    clock.advance(6)  # past the average's decay: worth one request to learn where it stands
+    fast.start()
+    fast.finish(True, latency=0.1)
+    assert first() == "slow"
+    slow.start()  # that request is in flight: no second exploration meanwhile
+    assert first() == "fast"
+    slow.finish(True, latency=0.05)  # it has become faster: its figure follows
+    assert slow.latency is not None and slow.latency < 0.5
+    assert not slow.stale(clock.monotonic())

@@ -285,12 +285,6 @@ class CircuitBreaker:
             self._open_until = until
             self._set_state(_OPEN)
 
-    def half_open_now(self) -> None:
-        """An open breaker's wait ends now: the next call is its half-open probe (a check
-        made out of band found the dependency answering again)."""
-        if self._state is _OPEN:
-            self._open_until = self._clock.monotonic()
-
     def reset(self) -> None:
         """Back to CLOSED with no history (an operator's "it is fixed")."""
         self._set_state(_CLOSED)

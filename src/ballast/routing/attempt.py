@@ -42,6 +42,7 @@ class Verdicts:
     clock: Clock
     on_event: Callable[[str, dict[str, Any]], None]
     on_auth: Callable[[Target], None] | None = None
+    on_health_failure: Callable[[Target], None] | None = None  # the prober watches it
 
     def judge(self, target: Target, permit: Permit, failure: Failure) -> None:
         kind = failure.kind
@@ -65,6 +66,8 @@ class Verdicts:
             breaker.release(permit)
         elif kind.health_failure:
             breaker.record_failure(permit, failure.retry_after)
+            if self.on_health_failure is not None:
+                self.on_health_failure(target)
         else:
             breaker.record_success(permit)
 

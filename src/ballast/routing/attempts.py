@@ -82,6 +82,7 @@ class AttemptLoop:
         on_event: Callable[[str, dict[str, Any]], None],
         tracer: Tracer | None = None,
         on_auth: Callable[[Target], None] | None = None,
+        on_health_failure: Callable[[Target], None] | None = None,
     ) -> None:
         self.settings = settings
         self.targets = targets
@@ -90,7 +91,7 @@ class AttemptLoop:
         self.on_event = on_event
         self.tracer = tracer
         routing = settings.routing
-        self.verdicts = Verdicts(routing, clock, on_event, on_auth)
+        self.verdicts = Verdicts(routing, clock, on_event, on_auth, on_health_failure)
         self.budget = RetryBudget(
             ratio=routing.retry_budget_ratio,
             min_per_second=routing.retry_budget_min_per_second,

@@ -28,24 +28,24 @@ STRATEGIES = frozenset({"health", "ordered", "weighted"})
 class _PeakEwma:
     """Peak-sensitive moving average: jumps up at once, decays down with exp(-dt/decay)."""
 
-    __slots__ = ("_at", "decay", "value")
+    __slots__ = ("at", "decay", "value")
 
     def __init__(self, decay: float) -> None:
         self.decay = decay
         self.value: float | None = None
-        self._at = 0.0
+        self.at = 0.0  # when the last sample came
 
     def update(self, sample: float, now: float, lower: bool = True) -> None:
         if self.value is None or sample > self.value:
             self.value = sample
         elif lower:
-            w = math.exp(-max(0.0, now - self._at) / self.decay)
+            w = math.exp(-max(0.0, now - self.at) / self.decay)
             self.value = self.value * w + sample * (1.0 - w)
-        self._at = now
+        self.at = now
 
     def seed(self, value: float, now: float) -> None:
         self.value = value
-        self._at = now
+        self.at = now
 
 
 class DeploymentHealth:
@@ -66,6 +66,7 @@ class DeploymentHealth:
         self._ttft_ring: list[float] = []
         self._ttft_pos = 0
         self.in_flight = 0
+        self.last_finish = -math.inf  # when a request on it last ended with a verdict
 
     @property
     def latency(self) -> float | None:
@@ -75,6 +76,26 @@ class DeploymentHealth:
     @property
     def ttft(self) -> float | None:
         return self._ttft.value
+
+    def errors(self) -> int:
+        """Failures in the health window."""
+        return self.window.totals()[1]
+
+    def now(self) -> float:
+        return self._clock.monotonic()
+
+    def stale(self, now: float) -> bool:
+        """Its latency is older than the average's decay, it had no errors in the window and
+        nothing is in flight: worth one request to learn where it stands. Without this, a
+        deployment that once looked slower (or was out, then recovered) would never be
+        tried again by a cost comparison it always loses."""
+        latency = self._latency
+        return (
+            latency.value is not None
+            and now - latency.at > latency.decay
+            and self.in_flight == 0
+            and self.window.totals()[1] == 0
+        )
 
     def start(self) -> None:
         self.in_flight += 1
@@ -87,6 +108,7 @@ class DeploymentHealth:
         self.in_flight = max(0, self.in_flight - 1)
         self.window.record(ok)
         now = self._clock.monotonic()
+        self.last_finish = now
         if latency is not None:
             # A fast failure must not make a broken deployment look quick.
             self._latency.update(latency, now, lower=ok)
@@ -189,6 +211,10 @@ def _by_health(
     items: list[T], health: Callable[[T], DeploymentHealth], rng: random.Random
 ) -> list[T]:
     states = [health(item) for item in items]
+    now = states[0].now()
+    for k, state in enumerate(states):
+        if state.stale(now):  # explore it once, then the costs decide again
+            return [items[k]] + [item for n, item in enumerate(items) if n != k]
     known = [h.latency for h in states if h.latency is not None]
     # No sample yet counts as average, not zero, so a new deployment is not flooded.
     fallback = sum(known) / len(known) if known else NEUTRAL_LATENCY

@@ -1,15 +1,13 @@
 """Background probes of open deployments, so a recovered one is back in seconds.
 
-While a deployment's breaker is open, the gateway itself asks it (GET /models, or a
-one-token completion where the deployment names its model, per deployment) every
-`probe_interval` seconds, backing off to
-`max_probe_interval` while it keeps failing; no client request is spent on the question.
-A probe that answers ends the open wait: with a completion probe the breaker closes, with
-the model list (which can answer while completions fail) it half-opens, so one live request
-confirms, and that request fails over silently if it does not. A deployment cooled down by
-a 429's Retry-After is not probed before its cooldown ends. Probes are shared by every
-worker and instance through a short Redis lock where there is one, so a deployment sees
-at most one probe per interval in all.
+While a deployment's breaker is open (or half-open with no live request to try it), the
+gateway itself asks it every `probe_interval` seconds, backing off to `max_probe_interval`
+while it keeps failing: a one-token completion where the deployment names its model, else
+GET /models. No client request is spent on the question. A probe that answers closes the
+breaker (`_recovered` says why not half-open). A deployment cooled down by a 429's
+Retry-After is not probed before its cooldown ends. Probes are shared by every worker and
+instance through a short Redis lock where there is one, so a deployment sees at most one
+probe per interval in all.
 
 The prober is also the evidence for an upstream 401/403: a client's request can provoke
 one (a model the upstream key may not use, behind a wildcard), so a refusal alone fails only
@@ -87,13 +85,12 @@ class Prober:
 
     async def _watch(self, target: Target) -> None:
         interval = self.interval
-        breaker = target.breaker
-        while self._running and breaker.state is not BreakerState.CLOSED:
+        while self._running:
             wait = max(interval, target.cooling_until - self.clock.monotonic())
             await self.clock.sleep(wait)
-            if breaker.state is not BreakerState.OPEN or target.drained:
-                # Half-open: a live request is the probe now; closed: recovered.
-                interval = self.interval
+            if not self._needs_probe(target):
+                if self._closed_breaker(target) and target.health.errors() == 0:
+                    break  # healthy again
                 continue
             outcome = await self._probe(target)
             if outcome == "ok":
@@ -103,6 +100,22 @@ class Prober:
                 interval = self.interval
             else:
                 interval = min(interval * 2, self.max_interval)
+
+    def _needs_probe(self, target: Target) -> bool:
+        """Open; or half-open, or closed but penalised for its errors, while no live request
+        comes to try it (health routing sends the traffic elsewhere meanwhile): ask it.
+        Live traffic that ends with verdicts already tells what a probe would."""
+        if target.drained:
+            return False
+        if target.breaker.state is BreakerState.OPEN:
+            return True
+        health = target.health
+        quiet = self.clock.monotonic() - health.last_finish >= self.interval
+        return quiet and health.in_flight == 0 and health.errors() > 0
+
+    @staticmethod
+    def _closed_breaker(target: Target) -> bool:
+        return target.breaker.state is BreakerState.CLOSED
 
     async def _auth_check(self, target: Target) -> None:
         outcome = await self._probe(target, shared=False)
@@ -142,12 +155,11 @@ class Prober:
         return outcome
 
     def _recovered(self, target: Target) -> None:
-        """The probe answered: a completion proves enough to close; the model list only
-        enough for one live request to try (half-open)."""
-        request = target.adapter.probe_request()
-        if request is not None and request[1] == "/chat/completions":
-            target.breaker.reset()
-        else:
-            target.breaker.half_open_now()
+        """The probe answered: the breaker closes. A model list that answers while
+        completions still fail costs a few failed attempts, each failed over silently,
+        before the breaker opens again; waiting for a live request instead could wait for
+        ever, since health routing sends none to a deployment with errors in its window."""
+        target.breaker.reset()
+        target.health.window.clear()  # its errors are history: costs decide again
         target.cooling_until = 0.0
         log.info("deployment %s answered a probe", target.id)

@@ -50,6 +50,7 @@ class Router:
             self._event,
             self.tracer,
             on_auth=self.prober.check_auth,
+            on_health_failure=self.prober.watch,
         )
         self.dispatch = Dispatch(self.loop, clock)
 

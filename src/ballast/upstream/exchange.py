@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -88,6 +89,10 @@ async def fetch(
             f"no complete answer within {budget:.1f}s",
             deployment=upstream.id,
         ) from None
+    return _reply(response, data, upstream)
+
+
+def _reply(response: Response, data: bytes, upstream: Upstream) -> Reply:
     try:
         payload = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -270,23 +275,9 @@ async def open_stream(
     silent upstream can still be replaced before the client has seen a byte. `until`
     (monotonic) bounds the whole stream: the attempt's deadline."""
     deadline = min(clock.monotonic() + upstream.timeouts.first_token, until)
-    watchdog = Watchdog(clock)  # the stream's one timer, from the request on
-    try:
-        with watchdog.until(deadline):
-            response = await upstream.post(path, body, request_id, route)
-    except TimeoutError:
-        watchdog.close()
-        raise Failure(
-            failures.FIRST_TOKEN_TIMEOUT,
-            f"no answer within {upstream.timeouts.first_token:g}s",
-            deployment=upstream.id,
-        ) from None
-    except BaseException:
-        watchdog.close()
-        raise
-    if response.status >= 300:
-        watchdog.close()
-        raise await _failure_from(response, upstream, clock)
+    response, watchdog = await _answer_head(
+        upstream, path, body, clock, request_id, route, deadline
+    )
     content_type = response.headers.get("content-type") or ""
     if "text/event-stream" not in content_type:
         watchdog.close()
@@ -308,3 +299,87 @@ async def open_stream(
     except BaseException:
         stream.close()
         raise
+
+
+async def _answer_head(
+    upstream: Upstream,
+    path: str,
+    body: bytes,
+    clock: Clock,
+    request_id: str | None,
+    route: Route | None,
+    deadline: float,
+) -> tuple[Response, Watchdog]:
+    """Send a request whose answer is awaited on the first-token clock; a 2xx response with
+    the stream's one timer (a Watchdog), or the upstream's failure."""
+    watchdog = Watchdog(clock)  # the stream's one timer, from the request on
+    try:
+        with watchdog.until(deadline):
+            response = await upstream.post(path, body, request_id, route)
+    except TimeoutError:
+        watchdog.close()
+        raise Failure(
+            failures.FIRST_TOKEN_TIMEOUT,
+            f"no answer within {upstream.timeouts.first_token:g}s",
+            deployment=upstream.id,
+        ) from None
+    except BaseException:
+        watchdog.close()
+        raise
+    if response.status >= 300:
+        watchdog.close()
+        raise await _failure_from(response, upstream, clock)
+    return response, watchdog
+
+
+async def collect(
+    upstream: Upstream,
+    path: str,
+    body: bytes,
+    clock: Clock,
+    assemble: Callable[[list[bytes]], bytes | None],
+    request_id: str | None = None,
+    route: Route | None = None,
+    until: float = math.inf,
+) -> Reply:
+    """A whole answer asked for as a stream (`body` asks for one), so the two stream clocks
+    guard it: a silent or stalled upstream fails in seconds, not at the request deadline,
+    and the attempt loop fails over before the client has waited long. `assemble` turns the
+    events into the answer's body. An upstream that answers whole anyway (it ignored the
+    request's `stream`) is read as `fetch` reads it, within the attempt's time."""
+    now = clock.monotonic()
+    first = min(now + upstream.timeouts.first_token, until)
+    response, watchdog = await _answer_head(upstream, path, body, clock, request_id, route, first)
+    if "text/event-stream" not in (response.headers.get("content-type") or ""):
+        watchdog.close()
+        try:
+            with Deadline(clock, min(until, now + upstream.timeouts.answer)):
+                data = await response.read()
+        except TimeoutError:
+            raise Failure(
+                failures.REQUEST_TIMEOUT, "no complete answer in time", deployment=upstream.id
+            ) from None
+        except HttpError:
+            raise Failure(
+                failures.RESET, "connection lost while reading the answer", deployment=upstream.id
+            ) from None
+        finally:
+            response.release()
+        return _reply(response, data, upstream)
+    stream = UpstreamStream(upstream, response, clock, watchdog)
+    stream.until = until
+    events: list[bytes] = []
+    try:
+        state = stream.state
+        while not (state.output or state.finished or stream.exhausted):
+            events.extend(await stream.next_events(first))
+        while not stream.exhausted:
+            events.extend(await stream.next_events())
+    finally:
+        stream.close()
+    assembled = assemble(events)
+    if assembled is None:
+        raise Failure(
+            failures.BAD_RESPONSE, "a streamed answer that does not add up", deployment=upstream.id
+        )
+    return Reply(200, stream.headers, assembled, orjson.loads(assembled))
