@@ -74,7 +74,7 @@ def _gateway(procs: ProcessGroup, workdir: Path, shape: str, a: str, b: str) -> 
     return url
 
 
-def _run(api: openai.OpenAI, a: str, outage: float, every: float) -> tuple[float, int]:
+def _run(api: openai.OpenAI, a: str, a_name: str, outage: float, every: float) -> tuple[float, int]:
     """(seconds from recovery to a's first answer, client-visible errors)."""
     errors = 0
 
@@ -103,7 +103,7 @@ def _run(api: openai.OpenAI, a: str, outage: float, every: float) -> tuple[float
     _behave(a, "ok?tokens=4")
     recovered = time.monotonic()
     after = pace(20.0)
-    back = [when - recovered for when, who in after if who == "a"]
+    back = [when - recovered for when, who in after if who == a_name]
     return (back[0] if back else float("inf")), errors
 
 
@@ -120,11 +120,12 @@ def main(argv: list[str] | None = None) -> int:
             for shape in ("group", "fallback"):
                 times, errors = [], 0
                 for run in range(args.runs):
-                    a = _sim(procs, workdir, f"a{shape}{run}")
-                    b = _sim(procs, workdir, f"b{shape}{run}")
+                    a_name = f"a-{shape}-{run}"
+                    a = _sim(procs, workdir, a_name)
+                    b = _sim(procs, workdir, f"b-{shape}-{run}")
                     url = _gateway(procs, workdir, shape, a, b)
                     api = openai.OpenAI(base_url=url + "/v1", api_key="sk", max_retries=0)
-                    back, errs = _run(api, a, args.outage, args.every)
+                    back, errs = _run(api, a, a_name, args.outage, args.every)
                     times.append(back)
                     errors += errs
                     print(

@@ -316,6 +316,11 @@ class RoutingSettings(_Strict):
         description="seconds without a first token before a stream's headers and an SSE"
         " comment go out (then one comment per interval); null: wait silently",
     )
+    answers_as_streams: bool = Field(
+        True,
+        description="ask an upstream for a stream even when the client wants a whole answer,"
+        " and assemble it, so the first-token and inter-chunk clocks guard it too",
+    )
     stream_headers_at_once: bool = Field(
         False, description="start every stream's response at once, before its first token"
     )

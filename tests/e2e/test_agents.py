@@ -100,3 +100,49 @@ def test_a_tool_call_that_cannot_be_matched_ends_with_an_error(stack: Stack, oth
                 seen.append(chunk.choices[0].finish_reason)
     assert "upstream_stream_cut" in str(info.value.body)
     assert not any(seen)  # never a finish_reason for a call the client did not get whole
+
+
+# -- whole answers guarded by the stream clocks ------------------------------------------
+
+
+def test_a_silent_deployment_is_replaced_within_first_token_for_a_whole_answer(
+    stack: Stack,
+) -> None:
+    a = stack.sim("hang", name="a")
+    b = stack.sim("ok?tokens=4", name="b")
+    gateway = stack.gateway(
+        config(
+            ordered("chat", deployment("a", a), deployment("b", b)),
+            timeouts={"first_token": 1.0, "answer": 30, "request": 60},
+        )
+    )
+    started = time.monotonic()
+    reply = client(gateway).chat.completions.create(model="chat", messages=MESSAGES)
+    took = time.monotonic() - started
+    assert reply.choices[0].message.content == "tok0 tok1 tok2 tok3 "
+    assert reply.system_fingerprint == "sim:b"
+    assert took < 1.0 + 1.0, took
+    assert reply.usage is not None and reply.usage.completion_tokens == 4
+
+
+def test_a_whole_answer_that_stalls_midway_is_answered_whole_by_another(stack: Stack) -> None:
+    a = stack.sim("stall?after=3&seconds=60&tokens=8", name="a")
+    b = stack.sim("ok?tokens=8", name="b")
+    gateway = stack.gateway(config(ordered("chat", deployment("a", a), deployment("b", b))))
+    reply = client(gateway).chat.completions.create(model="chat", messages=MESSAGES)
+    assert reply.choices[0].message.content == "".join(f"tok{i} " for i in range(8))
+    assert reply.system_fingerprint == "sim:b"
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_a_whole_tool_call_answer_is_put_back_together(stack: Stack) -> None:
+    a = stack.sim("ok?shape=tool&tokens=5", name="a")
+    gateway = stack.gateway(config(group("chat", deployment("a", a))))
+    reply = client(gateway).chat.completions.create(model="chat", messages=MESSAGES)
+    (call,) = reply.choices[0].message.tool_calls or []
+    assert call.type == "function" and call.id.startswith("call_sim_")
+    assert call.function.name == "lookup" and call.function.arguments == arguments(5)
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert reply.usage is not None and reply.usage.total_tokens > 0
+    (sent,) = stack.attempts(a)
+    assert sent["stream"] is True  # asked for as a stream, answered whole

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from ballast.upstream.sse import event_data
+from ballast.upstream.sse import REASONING_FIELDS, event_data
 
 DONE = b"data: [DONE]\n\n"
 # Replayed text is cut into pieces of about this many characters, at whitespace.
@@ -103,11 +103,12 @@ def _text_choice(index: int, text: str) -> dict[str, Any]:
 
 
 class _Choice:
-    __slots__ = ("content", "finish", "refusal", "role", "tools")
+    __slots__ = ("content", "finish", "reasoning", "refusal", "role", "tools")
 
     def __init__(self) -> None:
         self.role = "assistant"
         self.content: list[str] = []
+        self.reasoning: dict[str, list[str]] = {}  # by the field it came in
         self.refusal: list[str] = []
         self.tools: dict[int, dict[str, Any]] = {}
         self.finish: str | None = None
@@ -188,6 +189,8 @@ def _merge_delta(choice: _Choice, delta: dict[str, Any]) -> bool:
             choice.content.append(value)
         elif name == "refusal" and isinstance(value, str):
             choice.refusal.append(value)
+        elif name in REASONING_FIELDS and isinstance(value, str):
+            choice.reasoning.setdefault(name, []).append(value)
         elif name == "tool_calls" and isinstance(value, list):
             for call in value:
                 if not isinstance(call, dict) or not isinstance(call.get("index"), int):
@@ -218,6 +221,8 @@ def _chat_message(index: int, choice: _Choice) -> dict[str, Any]:
         "content": text if text or not choice.tools else None,
         "refusal": "".join(choice.refusal) if choice.refusal else None,
     }
+    for name, pieces in choice.reasoning.items():
+        message[name] = "".join(pieces)
     if choice.tools:
         message["tool_calls"] = [
             {"type": "function", **choice.tools[i]} for i in sorted(choice.tools)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
+from ballast.cache.replay import assemble
 from ballast.config import ModelGroup
 from ballast.providers.base import OutboundCall
 from ballast.resilience.clock import Clock
@@ -15,7 +16,7 @@ from ballast.resilience.failures import Failure
 from ballast.routing.attempt import Attempt
 from ballast.routing.attempts import AttemptLoop, Attempts, Exchange, Routable, first_success
 from ballast.upstream.client import Route
-from ballast.upstream.exchange import Reply, UpstreamStream, fetch, open_stream
+from ballast.upstream.exchange import Reply, UpstreamStream, collect, fetch, open_stream
 
 T = TypeVar("T")
 
@@ -25,6 +26,50 @@ class Call(OutboundCall, Routable, Protocol):
 
     @property
     def request_id(self) -> str | None: ...
+
+
+# Request fields whose answer a stream cannot carry back exactly: such a request goes as it
+# came.
+_NOT_STREAMABLE = ("logprobs", "best_of", "echo")
+
+
+def streamable(call: Call) -> bool:
+    """A whole answer that can be asked for as a stream and put back together exactly."""
+    if call.path not in ("/chat/completions", "/completions"):
+        return False
+    payload = call.payload
+    return not any(payload.get(name) for name in _NOT_STREAMABLE)
+
+
+class AsStream:
+    """A client request for a whole answer, as sent to ask the upstream for a stream of it
+    (with the usage that the answer carries)."""
+
+    __slots__ = ("_call", "edits")
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self.edits = {**call.edits, "stream": True, "stream_options": {"include_usage": True}}
+
+    @property
+    def path(self) -> str:
+        return self._call.path
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        return self._call.payload
+
+    @property
+    def raw(self) -> bytes:
+        return self._call.raw
+
+    @property
+    def model(self) -> str:
+        return self._call.model
+
+    @property
+    def credential(self) -> str:
+        return self._call.credential
 
 
 @dataclass(slots=True)
@@ -41,9 +86,10 @@ class OpenStream:
 
 
 class Dispatch:
-    def __init__(self, loop: AttemptLoop, clock: Clock) -> None:
+    def __init__(self, loop: AttemptLoop, clock: Clock, answers_as_streams: bool = False) -> None:
         self.loop = loop
         self.clock = clock
+        self.answers_as_streams = answers_as_streams
 
     def _routed(
         self,
@@ -70,10 +116,15 @@ class Dispatch:
         return adapter.routed(call, model, counted)
 
     def complete(self, call: Call, group: ModelGroup, attempts: Attempts) -> Awaitable[Reply]:
-        """A whole answer from the first deployment that gives one."""
+        """A whole answer from the first deployment that gives one. It is asked for as a
+        stream where it can be (`routing.answers_as_streams`), so a silent or stalled
+        deployment is found out by the stream clocks and replaced, not waited for."""
+        as_stream = self.answers_as_streams and streamable(call)
 
         def exchange(attempt: Attempt, model: str) -> Awaitable[Reply]:
             target = attempt.target
+            if as_stream:
+                return self._collect(attempt, attempts, call, model)
             body = target.adapter.body(call, model)
             if target.adapter.handles is None:  # the usual case: no route to find first
                 return fetch(
@@ -96,6 +147,29 @@ class Dispatch:
             )
 
         return self.loop.run(call, group, attempts, exchange)
+
+    def _collect(
+        self, attempt: Attempt, attempts: Attempts, call: Call, model: str
+    ) -> Awaitable[Reply]:
+        target = attempt.target
+        body = target.adapter.body(AsStream(call), model)
+        path = call.path
+        return self._routed(
+            attempt,
+            attempts,
+            call,
+            model,
+            lambda route: collect(
+                target.upstream,
+                path,
+                body,
+                self.clock,
+                lambda events: assemble(path, events),
+                call.request_id,
+                route,
+                attempt.deadline,
+            ),
+        )
 
     async def open(
         self,

@@ -52,7 +52,7 @@ class Router:
             on_auth=self.prober.check_auth,
             on_health_failure=self.prober.watch,
         )
-        self.dispatch = Dispatch(self.loop, clock)
+        self.dispatch = Dispatch(self.loop, clock, settings.routing.answers_as_streams)
 
     def _event(self, name: str, fields: dict[str, Any]) -> None:
         self.on_event(name, fields)
