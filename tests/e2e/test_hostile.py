@@ -33,11 +33,9 @@ def test_upstream_garbage_fails_over_to_a_healthy_deployment(
     else:
         reply = api.chat.completions.create(model="chat", messages=MESSAGES)
         text = reply.choices[0].message.content or ""
-    # "malformed" breaks only one chunk of a stream (skipped) and wrong_type's non-streamed
-    # body is valid JSON under the wrong label: both are served by the first deployment.
-    served_by_bad = (behaviour == "malformed" and stream) or (
-        behaviour == "wrong_type" and not stream
-    )
+    # "malformed" breaks only one chunk of a stream (skipped), and a whole answer is asked
+    # for as a stream too (routing.answers_as_streams): it is served by the first deployment.
+    served_by_bad = behaviour == "malformed"
     assert text.endswith(full(16)[-12:] if served_by_bad else full(5))
     assert len(stack.attempts(bad)) == 1
     assert len(stack.attempts(good)) == (0 if served_by_bad else 1)
@@ -64,7 +62,10 @@ def test_upstream_garbage_with_nowhere_else_to_go_is_a_clean_502(
 
 def test_wrong_content_type_is_relabelled_as_json(stack: Stack) -> None:
     sim = stack.sim("wrong_type?tokens=3")
-    gw = stack.gateway(config(ordered("chat", deployment("a", sim, "m"))))
+    # A whole answer asked for as such (not as a stream), with a body labelled wrongly.
+    gw = stack.gateway(
+        config(ordered("chat", deployment("a", sim, "m")), routing={"answers_as_streams": False})
+    )
     request = {"model": "chat", "messages": MESSAGES}
     req = urllib.request.Request(
         gw.url + "/v1/chat/completions",

@@ -214,9 +214,11 @@ async def _endpoint(request: web.Request, kind: str) -> web.StreamResponse:
         await _pause(request, math.inf)
         entry["disconnected"] = True
         return web.Response()
-    before = behaviour.first_token_delay if outcome == "slow_first" else 0.0
-    if not stream:
-        before += behaviour.latency + (behaviour.seconds if outcome == "stall" else 0.0)
+    # `latency` is the time an answer takes to start: before a whole answer, and before a
+    # stream's headers (a gateway may ask for a stream where its client did not).
+    before = behaviour.latency + (behaviour.first_token_delay if outcome == "slow_first" else 0.0)
+    if not stream and outcome == "stall":
+        before += behaviour.seconds
     if before > 0 and not await _pause(request, before):
         entry["disconnected"] = True
         return web.Response()
