@@ -330,3 +330,41 @@ def test_the_cache_field_is_never_forwarded() -> None:
     sent = orjson.loads(adapter.body(request, request.model))
     assert "cache" not in sent and sent == BASE
     assert scope_of(None, request) == "anonymous"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "chat", "messages": []}',
+        b'  {"model":"chat","messages":[{"role":"user","content":"hi"}]}',
+        b'{"model":"chat"}',
+    ],
+)
+def test_added_fields_are_spliced_into_the_clients_bytes(raw: bytes) -> None:
+    payload = orjson.loads(raw)
+    request = RequestContext(CHAT, payload, raw, "chat", False)
+    request.edits["stream"] = True
+    request.edits["stream_options"] = {"include_usage": True}
+    deployment = Deployment(id="d", url="http://127.0.0.1:9/v1")
+    adapter = OpenAIAdapter(
+        deployment, Upstream(deployment, Timeouts(), UpstreamSettings()), AdapterContext()
+    )
+    sent = adapter.body(request, "chat")
+    assert orjson.loads(sent) == {
+        **payload,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    assert sent.endswith(raw.strip()[1:])  # the client's own bytes, after the added fields
+
+
+def test_a_body_with_a_field_to_replace_or_remove_is_encoded_again() -> None:
+    payload = {"model": "chat", "stream": False, "fallbacks": ["x"]}
+    raw = orjson.dumps(payload)
+    request = RequestContext(CHAT, payload, raw, "chat", False)
+    request.edits.update({"stream": True, "fallbacks": None})
+    deployment = Deployment(id="d", url="http://127.0.0.1:9/v1")
+    adapter = OpenAIAdapter(
+        deployment, Upstream(deployment, Timeouts(), UpstreamSettings()), AdapterContext()
+    )
+    assert orjson.loads(adapter.body(request, "chat")) == {"model": "chat", "stream": True}

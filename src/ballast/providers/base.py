@@ -92,8 +92,12 @@ class Adapter:
         when nothing changes; otherwise the body is encoded once, with every edit applied.
         `prefill`: text the answer must go on from (a continuation)."""
         upstream_model = self.upstream_model(model)
-        if not call.edits and prefill is None and upstream_model == call.model:
-            return call.raw
+        if prefill is None and upstream_model == call.model:
+            if not call.edits:
+                return call.raw
+            spliced = _added(call.raw, call.payload, call.edits)
+            if spliced is not None:
+                return spliced
         payload = dict(call.payload)
         for key, value in call.edits.items():
             if value is None:
@@ -139,3 +143,19 @@ class Adapter:
             body = {"model": model, "messages": [{"role": "user", "content": "ping"}]}
             return "POST", "/chat/completions", {**body, "max_tokens": 1}
         return "GET", "/models", None
+
+
+def _added(raw: bytes, payload: dict[str, Any], edits: dict[str, Any]) -> bytes | None:
+    """The client's bytes with fields added in front, when the edits only add fields the
+    body does not have: cheaper than encoding the whole body again (a whole answer asked
+    for as a stream adds two). None when the body must be encoded."""
+    body = raw.lstrip()
+    if not body.startswith(b"{"):
+        return None
+    for key, value in edits.items():
+        if value is None or key in payload:
+            return None
+    added = orjson.dumps(edits)  # '{"a":1,"b":2}': its inside goes before the client's fields
+    rest = body[1:].lstrip()
+    joiner = b"" if rest.startswith(b"}") else b","
+    return added[:-1] + joiner + rest

@@ -28,17 +28,13 @@ class Call(OutboundCall, Routable, Protocol):
     def request_id(self) -> str | None: ...
 
 
-# Request fields whose answer a stream cannot carry back exactly: such a request goes as it
-# came.
-_NOT_STREAMABLE = ("logprobs", "best_of", "echo")
-
-
 def streamable(call: Call) -> bool:
-    """A whole answer that can be asked for as a stream and put back together exactly."""
-    if call.path not in ("/chat/completions", "/completions"):
+    """A whole answer that can be asked for as a stream and put back together exactly:
+    not one with log probabilities, `best_of` or `echo` (such a request goes as it came)."""
+    if call.path != "/chat/completions" and call.path != "/completions":
         return False
     payload = call.payload
-    return not any(payload.get(name) for name in _NOT_STREAMABLE)
+    return not (payload.get("logprobs") or payload.get("best_of") or payload.get("echo"))
 
 
 class AsStream:

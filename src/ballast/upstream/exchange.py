@@ -350,10 +350,10 @@ async def collect(
     now = clock.monotonic()
     first = min(now + upstream.timeouts.first_token, until)
     response, watchdog = await _answer_head(upstream, path, body, clock, request_id, route, first)
-    if "text/event-stream" not in (response.headers.get("content-type") or ""):
-        watchdog.close()
+    if not _is_event_stream(response):
         try:
-            with Deadline(clock, min(until, now + upstream.timeouts.answer)):
+            # The stream's one timer guards the whole answer's read instead.
+            with watchdog.until(min(until, now + upstream.timeouts.answer)):
                 data = await response.read()
         except TimeoutError:
             raise Failure(
@@ -364,6 +364,7 @@ async def collect(
                 failures.RESET, "connection lost while reading the answer", deployment=upstream.id
             ) from None
         finally:
+            watchdog.close()
             response.release()
         return _reply(response, data, upstream)
     stream = UpstreamStream(upstream, response, clock, watchdog)
@@ -383,3 +384,12 @@ async def collect(
             failures.BAD_RESPONSE, "a streamed answer that does not add up", deployment=upstream.id
         )
     return Reply(200, stream.headers, assembled, orjson.loads(assembled))
+
+
+def _is_event_stream(response: Response) -> bool:
+    """Whether the answer is an event stream, read off the raw headers (building the
+    case-insensitive view of every header costs more than this one look)."""
+    for name, value in response.raw_headers:
+        if len(name) == 12 and name.lower() == b"content-type":
+            return b"text/event-stream" in value
+    return False
