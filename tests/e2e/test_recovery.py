@@ -5,6 +5,7 @@ count against it: a refusal a client provoked cools nothing down."""
 from __future__ import annotations
 
 import time
+import urllib.request
 from typing import Any
 
 import openai
@@ -62,6 +63,11 @@ def test_a_recovered_deployment_of_a_group_is_back_within_a_second(stack: Stack)
     # Once back and faster, it has most of the traffic again.
     served = drive(client(gateway), 1.0)
     assert sum(who == "a" for _, who in served) >= 0.6 * len(served)
+    # Probe traffic is on /metrics, by outcome.
+    with urllib.request.urlopen(gateway.url + "/metrics", timeout=5) as response:
+        metrics = response.read().decode()
+    assert 'ballast_probes_total{deployment="a",outcome="failed"}' in metrics
+    assert 'ballast_probes_total{deployment="a",outcome="ok"} 1.0' in metrics
 
 
 def test_a_recovered_primary_model_is_back_from_its_fallback_within_a_second(

@@ -60,6 +60,12 @@ class Metrics:
             ("deployment", "reason"),
             registry=reg,
         )
+        self.probes = Counter(
+            "ballast_probes",
+            "Background probes of failing deployments, by outcome (ok, failed, auth).",
+            ("deployment", "outcome"),
+            registry=reg,
+        )
         self.hedges = Counter(
             "ballast_hedges",
             "Second streams started because the first gave no token in time.",
@@ -141,6 +147,8 @@ class Metrics:
             self._child(self.fallbacks, str(fields.get("from")), str(fields.get("to"))).inc()
         elif name == "cooldown":
             self._child(self.cooldowns, dep).inc()
+        elif name == "probe":
+            self._child(self.probes, dep, str(fields.get("outcome"))).inc()
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (metric._name, *labels)

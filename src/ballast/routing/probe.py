@@ -48,7 +48,6 @@ class Prober:
         self.clock = clock
         self.on_event = on_event
         self.gate = gate
-        self.counts: dict[tuple[str, str], int] = {}  # (deployment, outcome) -> probes
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._running = False  # between the router's start and close
 
@@ -149,8 +148,6 @@ class Prober:
             log.exception("probe of %s failed unexpectedly", target.id)
             status = 0
         outcome = "ok" if 200 <= status < 300 else "auth" if status in (401, 403) else "failed"
-        key = (target.id, outcome)
-        self.counts[key] = self.counts.get(key, 0) + 1
         self.on_event("probe", {"deployment": target.id, "outcome": outcome})
         return outcome
 
