@@ -119,6 +119,15 @@ async def test_a_new_connection_dropped_before_answering_is_not_retried(
     await pool.close()
 
 
+async def second_request_fails(pool: http1.Pool, origin: http1.Origin) -> None:
+    """One answered request, then one that fails: the connection it left idle is reused."""
+    response = await pool.request(origin, head(), b"{}")
+    await response.read()
+    response.release()
+    with pytest.raises(http1.Disconnected):
+        await pool.request(origin, head(), b"{}")
+
+
 async def test_the_retry_happens_once_and_its_failure_is_reported(
     scripted: Callable[..., Awaitable[tuple[ScriptedServer, int]]],
 ) -> None:
@@ -128,11 +137,7 @@ async def test_the_retry_happens_once_and_its_failure_is_reported(
     server, port = await scripted(script)
     origin, _ = split_url(f"http://127.0.0.1:{port}/v1")
     pool = make_pool()
-    response = await pool.request(origin, head(), b"{}")
-    await response.read()
-    response.release()
-    with pytest.raises(http1.Disconnected):
-        await pool.request(origin, head(), b"{}")
+    await second_request_fails(pool, origin)
     assert pool.silent_retries == 1
     assert server.connections == 2
     await pool.close()
@@ -150,11 +155,7 @@ async def test_a_reused_connection_cut_after_answer_bytes_is_not_retried(
     server, port = await scripted(script)
     origin, _ = split_url(f"http://127.0.0.1:{port}/v1")
     pool = make_pool()
-    response = await pool.request(origin, head(), b"{}")
-    await response.read()
-    response.release()
-    with pytest.raises(http1.Disconnected):
-        await pool.request(origin, head(), b"{}")
+    await second_request_fails(pool, origin)
     assert pool.silent_retries == 0
     assert server.connections == 1
     await pool.close()
