@@ -119,6 +119,8 @@ def start_targets(
             target = tg.ballast(procs, workdir, upstream)
         elif name == "ballast-2w":
             target = tg.ballast(procs, workdir, upstream, name=name, workers=2)
+        elif name == "ballast-assemble":
+            target = tg.ballast(procs, workdir, upstream, name=name, assemble=True)
         elif name == "ballast-granian":
             target = tg.ballast_granian(procs, workdir, upstream)
         elif name == "ballast+keys":

@@ -31,6 +31,7 @@ ALL_TARGETS = (
     "ballast+keys",
     "ballast+keys+redis",
     "ballast-2w",
+    "ballast-assemble",
     "ballast-granian",
     "litellm",
 )
@@ -143,7 +144,12 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def ballast_config(port: int, upstream: Upstream, extra: dict[str, Any] | None) -> dict[str, Any]:
+def ballast_config(
+    port: int, upstream: Upstream, extra: dict[str, Any] | None, assemble: bool = False
+) -> dict[str, Any]:
+    """`assemble`: whole answers come from the streaming location, so each is read as a
+    stream and put back together (routing.answers_as_streams) instead of passing through."""
+
     def deployment(dep_id: str, path: str, model: str) -> dict[str, str]:
         return {
             "id": dep_id,
@@ -153,10 +159,14 @@ def ballast_config(port: int, upstream: Upstream, extra: dict[str, Any] | None) 
             "provider": "openai",
         }
 
+    whole_path = (nginx.STREAM_PREFIX if assemble else "") + "/v1"
     config: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": port},
         "models": [
-            {"name": "bench-model", "deployments": [deployment("nginx", "/v1", "bench-model")]},
+            {
+                "name": "bench-model",
+                "deployments": [deployment("nginx", whole_path, "bench-model")],
+            },
             {
                 "name": "bench-stream",
                 "deployments": [
@@ -200,6 +210,7 @@ def ballast(
     workers: int = 1,
     extra: dict[str, Any] | None = None,
     key: str = "sk-bench",
+    assemble: bool = False,
 ) -> Target:
     missing = ballast_missing()
     if missing:
@@ -207,7 +218,8 @@ def ballast(
     port = free_port()
     slug = name.replace("+", "-")
     conf = workdir / f"{slug}.yaml"
-    conf.write_text(yaml.safe_dump(ballast_config(port, upstream, extra), sort_keys=False))
+    config = ballast_config(port, upstream, extra, assemble)
+    conf.write_text(yaml.safe_dump(config, sort_keys=False))
     log = workdir / f"{slug}.log"
     cmd = [sys.executable, "-m", "ballast", "serve", "--config", str(conf)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
