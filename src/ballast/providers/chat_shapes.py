@@ -1,0 +1,187 @@
+"""Pieces of the chat-completion wire that native adapters build answers from: one place for
+the chunk and answer shapes, the client's message parts, and the OpenAI-shaped error body a
+translated failure carries (a provider's own error body never reaches an OpenAI client)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import orjson
+
+from ballast.resilience.failures import CLIENT_ERROR, Failure, Kind
+
+
+def chunk(
+    ids: tuple[str, int, str], delta: dict[str, Any], finish_reason: str | None = None
+) -> dict[str, Any]:
+    """One `chat.completion.chunk`; `ids` is (id, created, model)."""
+    ident, created, model = ids
+    return {
+        "id": ident,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
+
+
+def usage_chunk(ids: tuple[str, int, str], counts: dict[str, int]) -> dict[str, Any]:
+    """The closing chunk a stream with `include_usage` ends with: no choices, the usage."""
+    ident, created, model = ids
+    return {
+        "id": ident,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": counts,
+    }
+
+
+def answer(
+    ids: tuple[str, int, str],
+    text: str | None,
+    tool_calls: list[dict[str, Any]],
+    finish_reason: str,
+    usage: dict[str, int] | None,
+) -> dict[str, Any]:
+    """A whole `chat.completion` with one choice."""
+    ident, created, model = ids
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    body: dict[str, Any] = {
+        "id": ident,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def usage(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def tool_call(ident: str, name: str, arguments: Any) -> dict[str, Any]:
+    text = arguments if isinstance(arguments, str) else orjson.dumps(arguments or {}).decode()
+    return {"id": ident, "type": "function", "function": {"name": name, "arguments": text}}
+
+
+def openai_error(kind: Kind, message: str) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": message, "type": kind.error_type, "param": None, "code": kind.code}}
+    )
+
+
+def failure(
+    kind: Kind,
+    message: str,
+    status: int | None = None,
+    retry_after: float | None = None,
+    deployment: str | None = None,
+) -> Failure:
+    """A translated failure whose body (for pass-through kinds) is already OpenAI's shape."""
+    return Failure(
+        kind,
+        message,
+        status=status if status is not None else kind.status,
+        body=openai_error(kind, message),
+        retry_after=retry_after,
+        deployment=deployment,
+    )
+
+
+def bad_request(message: str) -> Failure:
+    """The client's request cannot be said in the provider's wire: its own error, no retry."""
+    return failure(CLIENT_ERROR, message)
+
+
+def parts(content: Any) -> list[dict[str, Any]]:
+    """A message's content as a list of OpenAI parts (`text`, `image_url`)."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return [p if isinstance(p, dict) else {"type": "text", "text": str(p)} for p in content]
+    raise bad_request("message content must be a string or an array of parts")
+
+
+def text_of(content: Any) -> str:
+    return "".join(str(p.get("text", "")) for p in parts(content) if p.get("type") == "text")
+
+
+def data_url(url: str) -> tuple[str, str] | None:
+    """(media type, base64 data) of a `data:` URL, or None for any other URL."""
+    if not url.startswith("data:"):
+        return None
+    head, sep, data = url[5:].partition(",")
+    media, _, encoding = head.partition(";")
+    if not sep or encoding != "base64" or not media:
+        raise bad_request("an image data URL must be data:<type>;base64,<data>")
+    try:
+        base64.b64decode(data, validate=True)
+    except binascii.Error:
+        raise bad_request("an image data URL holds invalid base64") from None
+    return media, data
+
+
+def image_url(part: dict[str, Any]) -> str:
+    value = part.get("image_url")
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise bad_request("an image_url part needs a url")
+    return url
+
+
+def arguments(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call's arguments as an object (the chat wire carries them as JSON text)."""
+    function = call.get("function") or {}
+    raw = function.get("arguments") or "{}"
+    try:
+        value = orjson.loads(raw) if isinstance(raw, str) else raw
+    except orjson.JSONDecodeError:
+        raise bad_request("tool call arguments must be JSON") from None
+    if not isinstance(value, dict):
+        raise bad_request("tool call arguments must be a JSON object")
+    return value
+
+
+def tool_names(messages: list[dict[str, Any]]) -> dict[str, str]:
+    """tool_call_id -> function name, from the assistant messages (a tool result names only
+    the id; Gemini's function responses need the name)."""
+    names: dict[str, str] = {}
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            if isinstance(call, dict) and isinstance(call.get("id"), str):
+                names[call["id"]] = str((call.get("function") or {}).get("name", ""))
+    return names
+
+
+def stops(payload: dict[str, Any]) -> list[str] | None:
+    stop = payload.get("stop")
+    if stop is None:
+        return None
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    raise bad_request("stop must be a string or an array of strings")
+
+
+def max_tokens(payload: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = payload.get(key)
+        if value is not None:
+            return int(value)
+    return None
