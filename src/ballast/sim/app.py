@@ -27,6 +27,7 @@ from ballast.sim.answer import (
     count_words,
     prompt_texts,
 )
+from ballast.sim.bedrock import add_bedrock_routes
 from ballast.sim.behaviour import Behaviour
 from ballast.sim.bodies import (
     DONE_EVENT,
@@ -38,6 +39,7 @@ from ballast.sim.bodies import (
     fault_error,
     stream_events,
 )
+from ballast.sim.gemini import add_gemini_routes
 from ballast.sim.jobs import add_job_routes
 from ballast.sim.state import SIM_STATE, SimState, mask_secret
 
@@ -401,4 +403,6 @@ def create_app(
     app.router.add_get("/health", _health)
     add_admin_routes(app)
     add_job_routes(app)
+    add_gemini_routes(app)
+    add_bedrock_routes(app)
     return app

@@ -43,6 +43,11 @@ ALLOWED_PARAMS: dict[str, frozenset[str]] = {
     "html": frozenset({"status"}),
     "gzip_truncated": _ANSWER,
     "wrong_type": _ANSWER,
+    # Native wires: a Bedrock event-stream frame with a wrong CRC (event `at`), and a
+    # bearer token the remote holds as expired (the first one it sees, from then on).
+    # The OpenAI wire answers normally under both.
+    "bad_crc": _ANSWER | {"at"},
+    "expired_token": _ANSWER,
 }
 
 BEHAVIOUR_NAMES: tuple[str, ...] = tuple(ALLOWED_PARAMS)
