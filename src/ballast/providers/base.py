@@ -17,6 +17,7 @@ from ballast.config import Deployment
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.handles import HandleCache, SharedSource
 from ballast.upstream.client import Route, Upstream
+from ballast.upstream.codec import Wire
 
 T = TypeVar("T")
 
@@ -108,6 +109,19 @@ class Adapter:
         if prefill is not None:
             self.apply_prefill(call, payload, prefill)
         return orjson.dumps(payload)
+
+    def wire(
+        self,
+        call: OutboundCall,
+        model: str,
+        body: bytes,
+        stream: bool,
+        prefill: str | None = None,
+    ) -> Wire | None:
+        """How this call is spoken when the provider's format is not OpenAI's: its path,
+        headers (computed from the final `body` where a signature needs it), and the
+        translation of its answer, stream and errors. None: the OpenAI wire, untouched."""
+        return None
 
     def apply_prefill(self, call: OutboundCall, payload: dict[str, Any], text: str) -> None:
         """Ask the deployment to go on from `text`: a text completion's prompt simply grows;

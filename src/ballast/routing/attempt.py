@@ -47,7 +47,7 @@ class Verdicts:
     def judge(self, target: Target, permit: Permit, failure: Failure) -> None:
         kind = failure.kind
         breaker = target.breaker
-        if kind is failures.RATE_LIMITED:
+        if kind is failures.RATE_LIMITED or kind is failures.OVERLOADED:
             breaker.release(permit)
             seconds = failure.retry_after or self.routing.rate_limit_cooldown
             target.cooling_until = max(target.cooling_until, self.clock.monotonic() + seconds)

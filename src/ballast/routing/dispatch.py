@@ -121,10 +121,19 @@ class Dispatch:
             target = attempt.target
             if as_stream:
                 return self._collect(attempt, attempts, call, model)
-            body = target.adapter.body(call, model)
-            if target.adapter.handles is None:  # the usual case: no route to find first
+            adapter = target.adapter
+            body = adapter.body(call, model)
+            wire = adapter.wire(call, model, body, False)
+            if adapter.handles is None:  # the usual case: no route to find first
                 return fetch(
-                    target.upstream, call.path, body, attempt.deadline, self.clock, call.request_id
+                    target.upstream,
+                    call.path,
+                    body,
+                    attempt.deadline,
+                    self.clock,
+                    call.request_id,
+                    None,
+                    wire,
                 )
             return self._routed(
                 attempt,
@@ -139,6 +148,7 @@ class Dispatch:
                     self.clock,
                     call.request_id,
                     route,
+                    wire,
                 ),
             )
 
@@ -148,7 +158,9 @@ class Dispatch:
         self, attempt: Attempt, attempts: Attempts, call: Call, model: str
     ) -> Awaitable[Reply]:
         target = attempt.target
-        body = target.adapter.body(AsStream(call), model)
+        as_stream = AsStream(call)
+        body = target.adapter.body(as_stream, model)
+        wire = target.adapter.wire(as_stream, model, body, True)
         path = call.path
         return self._routed(
             attempt,
@@ -164,6 +176,7 @@ class Dispatch:
                 call.request_id,
                 route,
                 attempt.deadline,
+                wire,
             ),
         )
 
@@ -193,6 +206,7 @@ class Dispatch:
     ) -> OpenStream:
         target = attempt.target
         body = target.adapter.body(call, model, prefill)
+        wire = target.adapter.wire(call, model, body, True, prefill)
         stream, held = await self._routed(
             attempt,
             attempts,
@@ -206,6 +220,7 @@ class Dispatch:
                 call.request_id,
                 route,
                 attempt.deadline,
+                wire,
             ),
         )
         attempt.first_token()

@@ -17,6 +17,7 @@ from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.deadline import Deadline
 from ballast.resilience.failures import Failure
 from ballast.upstream import http1, proxy, tls
+from ballast.upstream.codec import Wire
 from ballast.upstream.http1 import (
     Pool,
     Response,
@@ -162,19 +163,31 @@ class Upstream:
             self._pool = None
 
     async def post(
-        self, path: str, body: bytes, request_id: str | None = None, route: Route | None = None
+        self,
+        path: str,
+        body: bytes,
+        request_id: str | None = None,
+        route: Route | None = None,
+        wire: Wire | None = None,
     ) -> Response:
         """Send a request and return once the response headers arrived. Errors before that are
         translated into the taxonomy here, at the adapter's edge. A `route` (a remote resource
-        handle) replaces the base URL and the bearer token."""
+        handle) replaces the base URL and the bearer token; a `wire` (a provider's own format)
+        replaces the method and path and brings its own header lines."""
         extra = b""
         base = self.base_url
+        own_auth = False
         if route is not None:
             base = route.base_url
             extra = _bearer_line(route.token)
+            own_auth = True
         if request_id is not None:
             extra += _request_id_line(request_id)
-        return await self._send("POST", base + path, body, extra, route is not None)
+        if wire is None:
+            return await self._send("POST", base + path, body, extra, own_auth)
+        extra += wire.headers
+        own_auth = own_auth or wire.own_auth
+        return await self._send(wire.method, base + wire.target, body, extra, own_auth)
 
     async def _send(
         self,
