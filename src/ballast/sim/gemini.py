@@ -16,6 +16,7 @@ from ballast.sim.answer import Answer
 from ballast.sim.behaviour import Behaviour
 from ballast.sim.bodies import TOOL_NAME, Ids, format_retry_after
 from ballast.sim.native import BadCall, NativeCall, bearer, handle
+from ballast.sim.state import SIM_STATE
 
 _ERRORS = {
     "429": (429, "RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota). (sim)"),
@@ -191,7 +192,20 @@ async def _vertex(request: web.Request) -> web.StreamResponse:
     return await _serve(request, token)
 
 
+async def _token(request: web.Request) -> web.Response:
+    """An OAuth2 token endpoint (a service account's `token_uri` may point here): each call
+    issues a new access token, so a renewal is visible in the attempt log."""
+    form = await request.post()
+    if form.get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer":
+        body = orjson.dumps({"error": "unsupported_grant_type"})
+        return web.Response(status=400, body=body, content_type="application/json")
+    token = f"ya29.sim-{request.app[SIM_STATE].next_id()}"
+    body = orjson.dumps({"access_token": token, "expires_in": 3600, "token_type": "Bearer"})
+    return web.Response(body=body, content_type="application/json")
+
+
 def add_gemini_routes(app: web.Application) -> None:
+    app.router.add_post("/token", _token)
     for version in ("v1beta", "v1"):  # AI Studio serves both versions of the API
         app.router.add_post(f"/{version}/models/{{target}}", _studio)
     vertex = "/projects/{project}/locations/{location}/publishers/google/models/{target}"
