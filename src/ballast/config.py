@@ -19,6 +19,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -102,6 +103,25 @@ class DeploymentTls(_Strict):
     verify: bool = Field(True, description="false: any certificate is accepted (a lab only)")
 
 
+class AwsSettings(_Strict):
+    """Where a Bedrock deployment signs (SigV4) and which credentials it uses: the standard
+    chain (environment, shared profile, container or instance role), refreshed ahead of
+    expiry; `profile` picks a shared-config profile."""
+
+    region: str | None = Field(None, min_length=1, description="e.g. us-east-1")
+    profile: str | None = None
+    service: str = Field("bedrock", description="the SigV4 signing name")
+
+
+class GoogleSettings(_Strict):
+    """A Vertex AI deployment's project and location, and its OAuth2 credentials: a
+    service-account key file, or the environment's application default credentials."""
+
+    project: str | None = Field(None, min_length=1)
+    location: str | None = Field(None, min_length=1, description="e.g. us-central1")
+    credentials_file: str | None = Field(None, description="service-account JSON; unset: ADC")
+
+
 class Deployment(_Strict):
     # A rejected api_key or header must never be echoed back in an error.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
@@ -110,7 +130,7 @@ class Deployment(_Strict):
     url: str
     api_key: SecretStr | None = None
     model: str | None = Field(None, description="upstream model name; unset forwards the client's")
-    provider: Literal["openai", "vllm", "sglang", "actor"] = "openai"
+    provider: Literal["openai", "vllm", "sglang", "actor", "gemini", "vertex", "bedrock"] = "openai"
     weight: float = Field(1.0, ge=0)
     timeouts: TimeoutOverrides = TimeoutOverrides()
     pool_size: int | None = Field(None, ge=1)
@@ -128,6 +148,8 @@ class Deployment(_Strict):
         " HTTPS_PROXY/HTTP_PROXY/NO_PROXY environment",
     )
     tls: DeploymentTls | None = None
+    aws: AwsSettings | None = None  # provider bedrock
+    google: GoogleSettings | None = None  # provider vertex
 
     @field_validator("url")
     @classmethod
@@ -206,6 +228,32 @@ class Deployment(_Strict):
                         f"deployment {_name(info)}: tls.{field}: cannot read {path} ({problem})"
                     )
         return value
+
+    @model_validator(mode="after")
+    def _cloud(self) -> Deployment:
+        problem = _cloud_problem(self)
+        if problem is not None:
+            raise ValueError(f"deployment {self.id!r}: {problem}")
+        return self
+
+
+def _cloud_problem(dep: Deployment) -> str | None:
+    """What a Bedrock or Vertex deployment lacks, naming the setting (checked at load, so a
+    missing region or an unreadable key file stops start-up instead of failing requests)."""
+    if dep.provider == "bedrock" and (dep.aws is None or dep.aws.region is None):
+        return "provider bedrock needs aws.region"
+    if dep.provider == "vertex":
+        google = dep.google or GoogleSettings()
+        for field in ("project", "location"):
+            if getattr(google, field) is None:
+                return f"provider vertex needs google.{field}"
+        if google.credentials_file is not None:
+            problem = _readable(google.credentials_file)
+            if problem is not None:
+                return f"google.credentials_file: cannot read {google.credentials_file} ({problem})"
+    if dep.provider == "gemini" and dep.api_key is None:
+        return "provider gemini needs api_key"
+    return None
 
 
 def _name(info: ValidationInfo) -> str:

@@ -6,13 +6,19 @@ from __future__ import annotations
 
 from ballast.providers.actor import ActorAdapter
 from ballast.providers.base import Adapter, AdapterContext, Capabilities, OutboundCall
+from ballast.providers.bedrock import BedrockAdapter
+from ballast.providers.gemini import GeminiAdapter
 from ballast.providers.openai import OpenAIAdapter, VllmAdapter
+from ballast.providers.vertex import VertexAdapter
 
 ADAPTERS: dict[str, type[Adapter]] = {
     "openai": OpenAIAdapter,
     "vllm": VllmAdapter,
     "sglang": VllmAdapter,
     "actor": ActorAdapter,
+    "gemini": GeminiAdapter,
+    "vertex": VertexAdapter,
+    "bedrock": BedrockAdapter,
 }
 
 __all__ = ["ADAPTERS", "Adapter", "AdapterContext", "Capabilities", "OutboundCall"]

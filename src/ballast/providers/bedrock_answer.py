@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from ballast.providers import chat_shapes as cs
+import ballast.providers.chat_shapes as cs
 from ballast.resilience.failures import (
     BAD_RESPONSE,
     CLIENT_ERROR,
@@ -136,9 +136,15 @@ class ConverseStream:
             return [cs.chunk(self._ids, {"tool_calls": [piece]})]
         return []  # reasoning deltas are not the answer
 
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
     def end(self, include_usage: bool) -> list[dict[str, Any]]:
+        """The usage chunk that closes a finished stream, when the client asked for one. A
+        stream that ended unfinished owes nothing: the transport reports it as a cut."""
         if not self._finished:
-            raise cs.failure(BAD_RESPONSE, "Bedrock stream ended without messageStop")
+            return []
         if include_usage and self._usage is not None:
             return [cs.usage_chunk(self._ids, self._usage)]
         return []

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from ballast.providers import chat_shapes as cs
+import ballast.providers.chat_shapes as cs
 
 _FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/gif": "gif", "image/webp": "webp"}
 

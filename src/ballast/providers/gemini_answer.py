@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from ballast.providers import chat_shapes as cs
+import ballast.providers.chat_shapes as cs
 from ballast.resilience.failures import (
     BAD_RESPONSE,
     CLIENT_ERROR,
@@ -90,11 +90,15 @@ class GeminiStream:
             out.append(cs.chunk(self._ids, {}, _finish(candidate, self._calls > 0)))
         return out
 
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
     def end(self, include_usage: bool) -> list[dict[str, Any]]:
-        """What closes the stream once the upstream has ended it (a missing finish is a cut,
-        which the transport already reports; this adds the usage chunk when asked)."""
+        """The usage chunk that closes a finished stream, when the client asked for one. A
+        stream that ended unfinished owes nothing: the transport reports it as a cut."""
         if not self._finished:
-            raise cs.failure(BAD_RESPONSE, "Gemini stream ended without a finish reason")
+            return []
         if include_usage and self._usage is not None:
             return [cs.usage_chunk(self._ids, self._usage)]
         return []

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from ballast.providers import chat_shapes as cs
+import ballast.providers.chat_shapes as cs
 
 _CONFIG = (  # chat field -> generationConfig field, copied as they are
     ("temperature", "temperature"),

@@ -1,0 +1,108 @@
+"""What the adapters of providers with their own format share: the chat request with every
+edit applied, translated once into the provider's body, and a Wire whose answers, streams
+and errors come back as chat. Only chat completions have a native translation."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+import ballast.providers.chat_shapes as cs
+from ballast.providers.base import Adapter, OutboundCall
+from ballast.resilience import failures
+from ballast.resilience.failures import Failure
+from ballast.upstream.codec import Wire
+from ballast.upstream.sse import DONE
+
+Ids = tuple[str, int, str]
+Chunks = list[dict[str, Any]]
+
+
+class NativeAdapter(Adapter):
+    """Base of the Gemini, Vertex and Bedrock adapters: subclasses say `translate` (chat
+    payload -> provider body) and build their Wire."""
+
+    def translate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def body(self, call: OutboundCall, model: str, prefill: str | None = None) -> bytes:
+        if call.path != "/chat/completions":
+            raise cs.bad_request(f"{self.name} deployments answer chat completions only")
+        payload = dict(call.payload)
+        for key, value in call.edits.items():
+            if value is None:
+                payload.pop(key, None)
+            else:
+                payload[key] = value
+        if prefill is not None:
+            self.apply_prefill(call, payload, prefill)
+        return orjson.dumps(self.translate(payload))
+
+    def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
+        """Not probed in the background: a probe speaks the OpenAI wire."""
+        return None
+
+    def ids(self, model: str) -> Ids:
+        """The id, creation time and model of one translated answer."""
+        return f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.upstream_model(model)
+
+
+def include_usage(call: OutboundCall) -> bool:
+    """Whether the stream ends with a usage chunk (the client or the gateway asked)."""
+    options = call.edits.get("stream_options", call.payload.get("stream_options"))
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def event(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(chunk)
+
+
+class ChatWire(Wire):
+    """A Wire whose native answer and stream are translated by a provider's functions."""
+
+    __slots__ = ("_ids", "_parse_error", "_usage", "_whole")
+
+    def __init__(
+        self,
+        target: str,
+        headers: bytes,
+        ids: Ids,
+        usage: bool,
+        whole: Callable[[Any, Ids], dict[str, Any]],
+        parse_error: Callable[[int, bytes, tuple[tuple[bytes, bytes], ...], float | None], Failure],
+    ) -> None:
+        super().__init__(target, headers)
+        self._ids = ids
+        self._usage = usage
+        self._whole = whole
+        self._parse_error = parse_error
+
+    def answer(self, data: bytes) -> tuple[bytes, dict[str, Any]]:
+        payload = self._whole(orjson.loads(data), self._ids)  # JSONDecodeError: a ValueError
+        return orjson.dumps(payload), payload
+
+    def failure(
+        self,
+        status: int,
+        body: bytes,
+        headers: tuple[tuple[bytes, bytes], ...],
+        retry_after: float | None,
+        deployment: str,
+    ) -> Failure:
+        failure = self._parse_error(status, body, headers, retry_after)
+        failure.deployment = deployment
+        failure.headers = headers
+        return failure
+
+
+def closing(finished: bool, rest: Chunks) -> list[bytes]:
+    """What ends a finished stream: its last chunks and [DONE]."""
+    return [*(event(c) for c in rest), DONE] if finished else []
+
+
+def malformed(provider: str) -> Failure:
+    return cs.failure(failures.BAD_RESPONSE, f"{provider} sent a stream event that is not JSON")

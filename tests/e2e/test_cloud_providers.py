@@ -1,0 +1,256 @@
+"""Gemini, Vertex AI and Bedrock deployments behind Ballast, driven by the official openai
+SDK against the simulator speaking each provider's wire: chat streamed and not, a tool round
+trip, failover from a 429ing OpenAI deployment to Bedrock with no client error, a Vertex
+token the remote holds as expired renewed once and the call retried, and config errors that
+name the setting."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from ballast.config import ConfigError, parse_settings
+from ballast.sim.answer import full_text
+from ballast.sim.server import SimServer
+from tests.stack import Stack, deployment, group
+
+GEMINI = "gemini-2.0-flash"
+BEDROCK = "anthropic.claude-3-haiku-20240307-v1:0"
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a word up",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+    },
+}
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDGATEWAY")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "gateway-secret")
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    yield
+
+
+def _service_account(tmp_path: Path, sim: SimServer) -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    info = {
+        "type": "service_account",
+        "project_id": "p1",
+        "private_key_id": "k1",
+        "private_key": pem,
+        "client_email": "gateway@p1.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": sim.url + "/token",
+    }
+    path = tmp_path / "sa.json"
+    path.write_text(json.dumps(info))
+    return str(path)
+
+
+def _gemini(sim: SimServer) -> dict[str, Any]:
+    return {"id": "gem", "url": sim.url, "api_key": "gm-secret-key", "model": GEMINI,
+            "provider": "gemini"}  # fmt: skip
+
+
+def _bedrock(sim: SimServer) -> dict[str, Any]:
+    return {"id": "bed", "url": sim.url, "model": BEDROCK, "provider": "bedrock",
+            "aws": {"region": "us-east-1"}}  # fmt: skip
+
+
+def _vertex(sim: SimServer, credentials: str) -> dict[str, Any]:
+    google = {"project": "p1", "location": "us-central1", "credentials_file": credentials}
+    return {"id": "vx", "url": sim.url, "model": GEMINI, "provider": "vertex", "google": google}
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="sk-client", max_retries=0, timeout=20)
+
+
+def _chat_both_ways(client: openai.OpenAI) -> None:
+    user = [{"role": "user", "content": "hello there"}]
+    reply = client.chat.completions.create(model="chat", messages=user, max_tokens=4)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content == full_text(4)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == 4
+    stream = client.chat.completions.create(
+        model="chat",
+        messages=user,  # type: ignore[arg-type]
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text, usage, finish = "", None, None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+        usage = chunk.usage or usage
+    assert text == full_text(16) and finish == "stop"
+    assert usage is not None and usage.completion_tokens == 16
+
+
+def _tool_round_trip(stack: Stack, sim: SimServer, client: openai.OpenAI, model: str) -> None:
+    stack.set_behaviour(sim, "ok?tokens=2&shape=tool", model)
+    messages: list[Any] = [{"role": "user", "content": "look up a word"}]
+    reply = client.chat.completions.create(model="chat", messages=messages, tools=[TOOL])  # type: ignore[list-item]
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert message.tool_calls and message.tool_calls[0].function.name == "lookup"
+    assert json.loads(message.tool_calls[0].function.arguments) == {"q": full_text(2)}
+    stream = client.chat.completions.create(
+        model="chat",
+        messages=messages,
+        tools=[TOOL],
+        stream=True,  # type: ignore[list-item]
+    )
+    arguments = ""
+    for chunk in stream:
+        for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            arguments += (call.function.arguments or "") if call.function else ""
+    assert json.loads(arguments) == {"q": full_text(2)}
+    stack.set_behaviour(sim, "ok?tokens=3", model)
+    call = message.tool_calls[0]
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"meaning": "a word"}'},
+    ]
+    final = client.chat.completions.create(model="chat", messages=messages, tools=[TOOL])  # type: ignore[list-item]
+    assert final.choices[0].message.content == full_text(3)
+    last = stack.attempts(sim)[-1]
+    assert last["outcome"] == "ok" and last["model"] == model
+
+
+def test_gemini_chat_stream_and_tools(stack: Stack) -> None:
+    sim = stack.sim(default="ok")
+    gateway = stack.gateway({"models": [group("chat", _gemini(sim))]})
+    client = _client(gateway.url)
+    _chat_both_ways(client)
+    _tool_round_trip(stack, sim, client, GEMINI)
+    seen = stack.attempts(sim)[0]
+    # A whole answer may be read as a stream (the stream clocks guard it): either method.
+    assert seen["path"].startswith(f"/v1beta/models/{GEMINI}:")
+    assert seen["headers"]["x-goog-api-key"] == "***-key"
+    assert "authorization" not in seen["headers"]  # the key goes only where Gemini reads it
+
+
+def test_bedrock_chat_stream_and_tools(stack: Stack, aws_env: None) -> None:
+    sim = stack.sim(default="ok")
+    gateway = stack.gateway({"models": [group("chat", _bedrock(sim))]})
+    client = _client(gateway.url)
+    _chat_both_ways(client)
+    _tool_round_trip(stack, sim, client, BEDROCK)
+    paths = {a["path"] for a in stack.attempts(sim)}
+    assert paths <= {f"/model/{BEDROCK}/converse", f"/model/{BEDROCK}/converse-stream"}
+    assert stack.attempts(sim)[0]["headers"]["authorization"].startswith("***")
+
+
+def test_a_bad_crc_is_a_clear_error_and_fails_over(stack: Stack, aws_env: None) -> None:
+    broken = stack.sim(default="bad_crc?at=1", name="broken")
+    gateway = stack.gateway({"models": [group("chat", _bedrock(broken))]})
+    user = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.APIError) as caught:
+        for _chunk in _client(gateway.url).chat.completions.create(
+            model="chat",
+            messages=user,
+            stream=True,  # type: ignore[arg-type]
+        ):
+            pass
+    assert "CRC" in str(caught.value)
+    healthy = stack.sim(default="ok?tokens=3", name="healthy")
+    backup = {**_bedrock(healthy), "id": "bed2"}
+    gateway = stack.gateway({"models": [group("chat", _bedrock(broken), backup)]})
+    for _ in range(3):
+        stream = _client(gateway.url).chat.completions.create(
+            model="chat",
+            messages=user,
+            stream=True,  # type: ignore[arg-type]
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == (
+            full_text(3)
+        )
+
+
+def test_failover_from_a_429ing_openai_deployment_to_bedrock(stack: Stack, aws_env: None) -> None:
+    openai_sim = stack.sim(default="429?retry_after=30", name="openai")
+    bedrock_sim = stack.sim(default="ok?tokens=5", name="bedrock")
+    config = {
+        "models": [
+            group(
+                "chat",
+                deployment("oa", openai_sim, model="gpt-4o", weight=100),
+                _bedrock(bedrock_sim),
+            )
+        ]
+    }
+    client = _client(stack.gateway(config).url)
+    for index in range(6):
+        user = [{"role": "user", "content": f"question {index}"}]
+        if index % 2:
+            stream = client.chat.completions.create(model="chat", messages=user, stream=True)  # type: ignore[arg-type]
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        else:
+            reply = client.chat.completions.create(model="chat", messages=user)  # type: ignore[arg-type]
+            text = reply.choices[0].message.content or ""
+        assert text == full_text(5)
+    assert any(a["outcome"] == "429" for a in stack.attempts(openai_sim))
+    assert len(stack.attempts(bedrock_sim)) == 6
+
+
+def test_vertex_renews_an_expired_token_once_and_retries(stack: Stack, tmp_path: Path) -> None:
+    sim = stack.sim(default="ok?tokens=4")
+    credentials = _service_account(tmp_path, sim)
+    gateway = stack.gateway({"models": [group("chat", _vertex(sim, credentials))]})
+    client = _client(gateway.url)
+    first = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "a"}]
+    )
+    assert first.choices[0].message.content == full_text(4)
+    stack.set_behaviour(sim, "expired_token?tokens=4", GEMINI)  # the token in use expires
+    stack.clear_log(sim)
+    again = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "b"}]
+    )
+    assert again.choices[0].message.content == full_text(4)
+    attempts = stack.attempts(sim)
+    assert [a["outcome"] for a in attempts] == ["401", "ok"]
+    tokens = [a["headers"]["authorization"] for a in attempts]
+    assert tokens[0] != tokens[1]  # renewed, then retried once
+    assert all("/projects/p1/locations/us-central1/" in a["path"] for a in attempts)
+    stream = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "c"}], stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == full_text(4)
+    assert len(stack.attempts(sim)) == 3  # the renewed token is kept
+
+
+def _config_error(dep: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_settings({"models": [group("chat", dep)]})
+    return str(caught.value)
+
+
+def test_config_errors_name_the_missing_setting(tmp_path: Path) -> None:
+    base = {"id": "d", "url": "http://127.0.0.1:1", "model": "m"}
+    assert "aws.region" in _config_error({**base, "provider": "bedrock"})
+    assert "google.project" in _config_error({**base, "provider": "vertex"})
+    google = {"project": "p", "location": "l", "credentials_file": str(tmp_path / "none.json")}
+    message = _config_error({**base, "provider": "vertex", "google": google})
+    assert "google.credentials_file" in message and "none.json" in message
+    assert "api_key" in _config_error({**base, "provider": "gemini"})
