@@ -254,3 +254,36 @@ def test_config_errors_name_the_missing_setting(tmp_path: Path) -> None:
     message = _config_error({**base, "provider": "vertex", "google": google})
     assert "google.credentials_file" in message and "none.json" in message
     assert "api_key" in _config_error({**base, "provider": "gemini"})
+
+
+def test_a_gemini_stream_cut_continues_on_bedrock(stack: Stack, aws_env: None) -> None:
+    """Cut after two tokens on Gemini: the rest comes from Bedrock and the client sees one
+    whole answer (regenerated, since neither continues a prefill here)."""
+    gemini = stack.sim(default="cut?after=2&tokens=6", name="gemini")
+    bedrock = stack.sim(default="ok?tokens=6", name="bedrock")
+    config = {"models": [group("chat", {**_gemini(gemini), "weight": 100}, _bedrock(bedrock))]}
+    client = _client(stack.gateway(config).url)
+    stream = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == full_text(6)
+    assert stack.attempts(gemini)[0]["outcome"] == "cut"
+    assert len(stack.attempts(bedrock)) == 1
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "status", "code"),
+    [
+        ("context_length", 400, "context_length_exceeded"),
+        ("content_filter", 400, "content_filter"),
+    ],
+)
+def test_gemini_refusals_reach_the_client_in_openai_shape(
+    stack: Stack, behaviour: str, status: int, code: str
+) -> None:
+    sim = stack.sim(default=behaviour)
+    client = _client(stack.gateway({"models": [group("chat", _gemini(sim))]}).url)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == status
+    assert isinstance(caught.value.body, dict) and caught.value.body.get("code") == code
