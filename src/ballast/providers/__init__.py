@@ -5,6 +5,7 @@ this table and in the config's `provider` field, and the simulator speaking its 
 from __future__ import annotations
 
 from ballast.providers.actor import ActorAdapter
+from ballast.providers.anthropic import AnthropicAdapter
 from ballast.providers.base import Adapter, AdapterContext, Capabilities, OutboundCall
 from ballast.providers.openai import OpenAIAdapter, VllmAdapter
 
@@ -13,6 +14,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "vllm": VllmAdapter,
     "sglang": VllmAdapter,
     "actor": ActorAdapter,
+    "anthropic": AnthropicAdapter,
 }
 
 __all__ = ["ADAPTERS", "Adapter", "AdapterContext", "Capabilities", "OutboundCall"]

@@ -6,12 +6,9 @@ rule for the request's model (``PUT /sim/behaviour``), the ``*`` rule, the app d
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import math
 import random
-import socket
-import struct
 import time
 import uuid
 from typing import Any
@@ -27,6 +24,7 @@ from ballast.sim.answer import (
     count_words,
     prompt_texts,
 )
+from ballast.sim.anthropic import messages as anthropic_messages
 from ballast.sim.behaviour import Behaviour
 from ballast.sim.bodies import (
     DONE_EVENT,
@@ -38,6 +36,9 @@ from ballast.sim.bodies import (
     fault_error,
     stream_events,
 )
+from ballast.sim.conn import close as _close
+from ballast.sim.conn import pause as _pause
+from ballast.sim.conn import reset as _reset
 from ballast.sim.jobs import add_job_routes
 from ballast.sim.state import SIM_STATE, SimState, mask_secret
 
@@ -45,52 +46,11 @@ BEHAVIOUR_HEADER = "x-sim-behaviour"
 ERROR_OUTCOMES = frozenset({"429", "500", "503", "context_length", "content_filter", "409", "401"})
 # Faults that only change a stream; a non-stream request under them is answered normally.
 STREAM_ONLY = frozenset({"no_done"})
-POLL_SECONDS = 0.02
 MAX_BODY_BYTES = 64 * 1024 * 1024
 HTML_PAGE = (
     b"<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway"
     b"</h1></center><hr><center>nginx</center></body></html>\n"
 )
-
-
-def _gone(request: web.Request) -> bool:
-    transport = request.transport
-    if transport is not None and request.app[SIM_STATE].closing:
-        transport.abort()  # shutting down: end hanging and stalled requests now
-    return transport is None or transport.is_closing()
-
-
-async def _pause(request: web.Request, seconds: float) -> bool:
-    """Sleep ``seconds`` (may be inf); False as soon as the client has gone away."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not _gone(request):
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            return True
-        await asyncio.sleep(min(remaining, POLL_SECONDS))
-    return False
-
-
-def _reset(request: web.Request) -> None:
-    """Abort the connection with a TCP RST (SO_LINGER on, zero timeout)."""
-    transport = request.transport
-    if transport is None:
-        return
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        except OSError:
-            pass
-    transport.abort()
-
-
-def _close(request: web.Request) -> None:
-    """Close the connection (buffered bytes are still sent) without ending the body."""
-    transport = request.transport
-    if transport is not None:
-        transport.close()
 
 
 def _selected_headers(request: web.Request) -> dict[str, str]:
@@ -399,6 +359,7 @@ def create_app(
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_get("/health", _health)
+    app.router.add_post("/v1/messages", anthropic_messages)
     add_admin_routes(app)
     add_job_routes(app)
     return app
