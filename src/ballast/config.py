@@ -206,6 +206,13 @@ class Deployment(_Strict):
             default = DEFAULT_URLS.get(str(data.get("provider")))
             if default is not None:
                 data = {**data, "url": default}
+        url = data.get("url") if isinstance(data, dict) else None
+        if isinstance(url, str) and data.get("provider") == "azure":
+            # The resource's endpoint: the URL style decides the path after it.
+            for tail in ("/openai/v1", "/openai"):
+                if url.rstrip("/").endswith(tail):
+                    data = {**data, "url": url.rstrip("/")[: -len(tail)]}
+                    break
         return data
 
     @model_validator(mode="after")

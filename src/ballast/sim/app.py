@@ -25,6 +25,8 @@ from ballast.sim.answer import (
     prompt_texts,
 )
 from ballast.sim.anthropic import messages as anthropic_messages
+from ballast.sim.azure import deployment_of as azure_deployment
+from ballast.sim.azure import refusal as azure_refusal
 from ballast.sim.behaviour import Behaviour
 from ballast.sim.bodies import (
     DONE_EVENT,
@@ -58,6 +60,9 @@ def _selected_headers(request: web.Request) -> dict[str, str]:
     auth = request.headers.get("authorization")
     if auth is not None:
         selected["authorization"] = mask_secret(auth)
+    api_key = request.headers.get("api-key")  # Azure's credential header
+    if api_key is not None:
+        selected["api-key"] = mask_secret(api_key)
     request_id = request.headers.get("x-request-id")
     if request_id is not None:
         selected["x-request-id"] = request_id
@@ -94,13 +99,15 @@ def _embedding_texts(body: dict[str, Any]) -> list[str]:
     raise _BadRequest("'input' must be a string or a non-empty array (sim)", "input")
 
 
-async def _read_body(request: web.Request) -> dict[str, Any]:
+async def _read_body(request: web.Request, default_model: str | None = None) -> dict[str, Any]:
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError:
         raise _BadRequest("We could not parse the JSON body of your request (sim).") from None
     if not isinstance(body, dict):
         raise _BadRequest("The request body must be a JSON object (sim).")
+    if default_model is not None and not body.get("model"):
+        body["model"] = default_model
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _BadRequest("You must provide a model parameter (sim).", "model")
@@ -116,14 +123,16 @@ def _answer_for(kind: str, body: dict[str, Any], tokens: int) -> Answer:
     return completion_answer(body.get("prompt", ""), tokens, _max_tokens(body))
 
 
-async def _endpoint(request: web.Request, kind: str) -> web.StreamResponse:
+async def _endpoint(
+    request: web.Request, kind: str, default_model: str | None = None
+) -> web.StreamResponse:
     state = request.app[SIM_STATE]
     headers = _selected_headers(request)
     spec = request.headers.get(BEHAVIOUR_HEADER)
     model: str | None = None
     answer: Answer | None = None
     try:
-        body = await _read_body(request)
+        body = await _read_body(request, default_model)
         model = str(body["model"])
         try:
             rule = state.select(model, spec)
@@ -304,6 +313,24 @@ async def _embeddings(request: web.Request) -> web.StreamResponse:
     return await _endpoint(request, "embeddings")
 
 
+_KINDS = {"chat/completions": "chat", "completions": "completions", "embeddings": "embeddings"}
+
+
+async def _azure_classic(request: web.Request) -> web.StreamResponse:
+    refused = azure_refusal(request, classic=True)
+    if refused is not None:
+        return refused
+    kind = _KINDS[request.match_info["kind"]]
+    return await _endpoint(request, kind, azure_deployment(request))
+
+
+async def _azure_v1(request: web.Request) -> web.StreamResponse:
+    refused = azure_refusal(request, classic=False)
+    if refused is not None:
+        return refused
+    return await _endpoint(request, _KINDS[request.match_info["kind"]])
+
+
 def _model_object(state: SimState, model_id: str) -> dict[str, Any]:
     return {"id": model_id, "object": "model", "created": 0, "owned_by": state.name}
 
@@ -360,6 +387,9 @@ def create_app(
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_get("/health", _health)
     app.router.add_post("/v1/messages", anthropic_messages)
+    kinds = "{kind:chat/completions|completions|embeddings}"
+    app.router.add_post("/openai/deployments/{deployment}/" + kinds, _azure_classic)
+    app.router.add_post("/openai/v1/" + kinds, _azure_v1)
     add_admin_routes(app)
     add_job_routes(app)
     return app
