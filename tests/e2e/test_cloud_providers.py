@@ -194,8 +194,9 @@ def test_failover_from_a_429ing_openai_deployment_to_bedrock(stack: Stack, aws_e
         "models": [
             group(
                 "chat",
-                deployment("oa", openai_sim, model="gpt-4o", weight=100),
+                deployment("oa", openai_sim, model="gpt-4o"),
                 _bedrock(bedrock_sim),
+                strategy="ordered",
             )
         ]
     }
@@ -209,7 +210,7 @@ def test_failover_from_a_429ing_openai_deployment_to_bedrock(stack: Stack, aws_e
             reply = client.chat.completions.create(model="chat", messages=user)  # type: ignore[arg-type]
             text = reply.choices[0].message.content or ""
         assert text == full_text(5)
-    assert any(a["outcome"] == "429" for a in stack.attempts(openai_sim))
+    assert stack.attempts(openai_sim)[0]["outcome"] == "429"  # tried first, then cooled down
     assert len(stack.attempts(bedrock_sim)) == 6
 
 
@@ -261,7 +262,7 @@ def test_a_gemini_stream_cut_continues_on_bedrock(stack: Stack, aws_env: None) -
     whole answer (regenerated, since neither continues a prefill here)."""
     gemini = stack.sim(default="cut?after=2&tokens=6", name="gemini")
     bedrock = stack.sim(default="ok?tokens=6", name="bedrock")
-    config = {"models": [group("chat", {**_gemini(gemini), "weight": 100}, _bedrock(bedrock))]}
+    config = {"models": [group("chat", _gemini(gemini), _bedrock(bedrock), strategy="ordered")]}
     client = _client(stack.gateway(config).url)
     stream = client.chat.completions.create(
         model="chat", messages=[{"role": "user", "content": "hi"}], stream=True

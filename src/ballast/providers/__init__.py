@@ -4,11 +4,15 @@ this table and in the config's `provider` field, and the simulator speaking its 
 
 from __future__ import annotations
 
+from ballast.config import PRESETS
 from ballast.providers.actor import ActorAdapter
+from ballast.providers.anthropic import AnthropicAdapter
+from ballast.providers.azure import AzureAdapter
 from ballast.providers.base import Adapter, AdapterContext, Capabilities, OutboundCall
 from ballast.providers.bedrock import BedrockAdapter
 from ballast.providers.gemini import GeminiAdapter
 from ballast.providers.openai import OpenAIAdapter, VllmAdapter
+from ballast.providers.presets import PresetAdapter
 from ballast.providers.vertex import VertexAdapter
 
 ADAPTERS: dict[str, type[Adapter]] = {
@@ -16,6 +20,9 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "vllm": VllmAdapter,
     "sglang": VllmAdapter,
     "actor": ActorAdapter,
+    "anthropic": AnthropicAdapter,
+    "azure": AzureAdapter,
+    **dict.fromkeys(PRESETS, PresetAdapter),
     "gemini": GeminiAdapter,
     "vertex": VertexAdapter,
     "bedrock": BedrockAdapter,

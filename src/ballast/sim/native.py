@@ -9,11 +9,8 @@ has expired: a client that renews its token gets through."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
-import socket
-import struct
 import time
 import weakref
 from dataclasses import dataclass, replace
@@ -24,11 +21,13 @@ from aiohttp import web
 from ballast.sim.answer import Answer, chat_answer
 from ballast.sim.behaviour import Behaviour
 from ballast.sim.bodies import Ids
+from ballast.sim.conn import close as _close
+from ballast.sim.conn import pause as _pause
+from ballast.sim.conn import reset as _reset
 from ballast.sim.state import SIM_STATE, Rule, mask_secret
 
 BEHAVIOUR_HEADER = "x-sim-behaviour"
 ERRORS = frozenset({"429", "500", "503", "context_length", "409", "401"})
-POLL_SECONDS = 0.02
 _EXPIRED: weakref.WeakKeyDictionary[Rule, str] = weakref.WeakKeyDictionary()
 
 
@@ -203,40 +202,3 @@ def bearer(request: web.Request) -> str | None:
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     return token.strip() or None if scheme.lower() == "bearer" else None
-
-
-def _gone(request: web.Request) -> bool:
-    transport = request.transport
-    if transport is not None and request.app[SIM_STATE].closing:
-        transport.abort()
-    return transport is None or transport.is_closing()
-
-
-async def _pause(request: web.Request, seconds: float) -> bool:
-    """Sleep `seconds` (may be inf); False as soon as the client has gone away."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not _gone(request):
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            return True
-        await asyncio.sleep(min(remaining, POLL_SECONDS))
-    return False
-
-
-def _reset(request: web.Request) -> None:
-    transport = request.transport
-    if transport is None:
-        return
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        except OSError:
-            pass
-    transport.abort()
-
-
-def _close(request: web.Request) -> None:
-    if request.transport is not None:
-        request.transport.close()

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import orjson
+
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
+from ballast.upstream.sse import SseSplitter
 
 
 class Decoder(Protocol):
@@ -48,12 +51,19 @@ class Wire:
 
     def answer(self, data: bytes) -> tuple[bytes, dict[str, Any]]:
         """A whole 2xx answer as a chat completion: its bytes and its parsed payload (usage
-        and model included). ValueError when the answer is not one the provider sends."""
-        raise ValueError("this wire has no whole answers")
+        and model included). ValueError when the answer is not one the provider sends.
+        The base reads an OpenAI answer as it is."""
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise ValueError("not JSON") from None
+        if not isinstance(payload, dict):
+            raise ValueError("not an object")
+        return data, payload
 
     def decoder(self) -> Decoder:
-        """A fresh decoder for one stream."""
-        raise NotImplementedError
+        """A fresh decoder for one stream; the base splits OpenAI's SSE."""
+        return SseSplitter()
 
     def failure(
         self,

@@ -1,0 +1,185 @@
+"""An Anthropic deployment behind Ballast, through the official openai SDK: chat streamed and
+not, a tool round trip, its faults failed over, and failover and continuation across an
+OpenAI-compatible deployment and an Anthropic one in one model group."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+from tests.e2e.test_routing import FAST, full
+from tests.stack import Gateway, Stack, deployment, group
+
+MESSAGES: list[Any] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+]
+
+
+def claude(dep_id: str, sim: Any, **extra: Any) -> dict[str, Any]:
+    return deployment(dep_id, sim, model="claude-sim", provider="anthropic", **extra)
+
+
+def gateway_for(stack: Stack, *deployments: dict[str, Any]) -> Gateway:
+    """One model group tried in the order given."""
+    config = {"timeouts": FAST, "models": [group("chat", *deployments, strategy="ordered")]}
+    return stack.gateway(config)
+
+
+def client(gateway: Gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-client", max_retries=0)
+
+
+def test_chat_whole_and_streamed(stack: Stack) -> None:
+    sim = stack.sim()
+    api = client(gateway_for(stack, claude("c", sim)))
+    reply = api.chat.completions.create(model="chat", messages=MESSAGES, stop=["never"])
+    assert reply.choices[0].message.content == full(16)
+    assert reply.choices[0].finish_reason == "stop" and reply.model == "claude-sim"
+    assert reply.usage is not None and reply.usage.completion_tokens == 16
+    text, usage, finish = "", None, None
+    for chunk in api.chat.completions.create(
+        model="chat", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+    ):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+        usage = chunk.usage or usage
+    assert text == full(16) and finish == "stop"
+    assert usage is not None and usage.completion_tokens == 16
+    sent = stack.attempts(sim)
+    assert all(a["path"] == "/v1/messages" and a["headers"]["x-api-key"] for a in sent)
+    assert all("authorization" not in a["headers"] for a in sent)  # its own credential only
+
+
+def test_max_tokens_maps_to_length(stack: Stack) -> None:
+    api = client(gateway_for(stack, claude("c", stack.sim())))
+    reply = api.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=3)
+    assert reply.choices[0].message.content == full(3)
+    assert reply.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_tool_round_trip(stack: Stack, stream: bool) -> None:
+    sim = stack.sim("ok?shape=tool&tokens=3")
+    api = client(gateway_for(stack, claude("c", sim)))
+    asked: list[Any] = [{"role": "user", "content": "look it up"}]
+    if stream:
+        calls: dict[int, dict[str, str]] = {}
+        finish = None
+        for chunk in api.chat.completions.create(
+            model="chat", messages=asked, tools=TOOLS, stream=True
+        ):
+            for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                entry = calls.setdefault(call.index, {"id": "", "name": "", "args": ""})
+                entry["id"] += call.id or ""
+                if call.function is not None:
+                    entry["name"] += call.function.name or ""
+                    entry["args"] += call.function.arguments or ""
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        call_id, name, arguments = calls[0]["id"], calls[0]["name"], calls[0]["args"]
+    else:
+        reply = api.chat.completions.create(model="chat", messages=asked, tools=TOOLS)
+        (tool_call,) = reply.choices[0].message.tool_calls or []
+        call_id, finish = tool_call.id, reply.choices[0].finish_reason
+        name, arguments = tool_call.function.name, tool_call.function.arguments  # type: ignore[union-attr]
+    assert finish == "tool_calls" and name == "lookup"
+    assert json.loads(arguments) == {"q": "tok0 tok1 tok2 "}
+    stack.set_behaviour(sim, "ok?tokens=4")
+    follow_up = [
+        *asked,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": "found it"},
+    ]
+    reply = api.chat.completions.create(model="chat", messages=follow_up, tools=TOOLS)
+    assert reply.choices[0].message.content == full(4)
+
+
+def test_anthropic_errors_in_the_taxonomy(stack: Stack) -> None:
+    refusing = stack.sim("context_length")
+    api = client(gateway_for(stack, claude("c", refusing)))
+    with pytest.raises(openai.BadRequestError) as info:
+        api.chat.completions.create(model="chat", messages=MESSAGES)
+    assert info.value.code == "context_length_exceeded"
+    assert "prompt is too long" in str(info.value.message)
+
+
+@pytest.mark.parametrize("fault", ["429?retry_after=30", "503", "500", "reset"])
+def test_an_anthropic_fault_fails_over_and_cools(stack: Stack, fault: str) -> None:
+    bad, good = stack.sim(fault, name="bad"), stack.sim(name="good")
+    gateway = gateway_for(stack, claude("bad", bad), deployment("good", good))
+    api = client(gateway)
+    for _ in range(2):
+        reply = api.chat.completions.create(model="chat", messages=MESSAGES)
+        assert reply.choices[0].message.content == full(16)
+    if fault != "500" and fault != "reset":  # a rate limit and an overload cool it down
+        assert len(stack.attempts(bad)) == 1
+
+
+def test_openai_rate_limited_then_cut_answers_whole_from_anthropic(stack: Stack) -> None:
+    """The OpenAI deployment answers 429, later it is cut mid-stream: the client gets whole
+    answers, no error, and each answer names the model that really answered."""
+    openai_sim, claude_sim = stack.sim("429", name="oa"), stack.sim("ok?tokens=60", name="cl")
+    gateway = gateway_for(
+        stack, deployment("oa", openai_sim, model="gpt-sim"), claude("cl", claude_sim)
+    )
+    api = client(gateway)
+    reply = api.chat.completions.create(model="chat", messages=MESSAGES)
+    assert reply.choices[0].message.content == full(60) and reply.model == "claude-sim"
+    text = "".join(
+        c.choices[0].delta.content or ""
+        for c in api.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        if c.choices
+    )
+    assert text == full(60)
+
+
+@pytest.mark.parametrize("first", ["openai", "anthropic"])
+def test_a_cut_stream_continues_on_the_other_provider(stack: Stack, first: str) -> None:
+    cut = stack.sim("cut?after=20&tokens=60", name="cut")
+    whole = stack.sim("ok?tokens=60", name="whole")
+    if first == "openai":
+        deployments = [deployment("cut", cut, model="gpt-sim"), claude("whole", whole)]
+    else:
+        deployments = [claude("cut", cut), deployment("whole", whole, model="gpt-sim")]
+    api = client(gateway_for(stack, *deployments))
+    text, finish, usage = "", None, None
+    for chunk in api.chat.completions.create(
+        model="chat", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+    ):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+        usage = chunk.usage or usage
+    assert text == full(60) and finish == "stop"
+    (continued,) = stack.attempts(whole)
+    if first == "openai":  # Anthropic goes on from the prefill: only the rest is generated
+        # The prefill goes without its trailing space: the space, then tok20 .. tok59.
+        assert continued["prefill"] is True and continued["tokens"] == 41
+    assert usage is not None
+
+
+def test_a_provider_setting_is_checked_at_load(stack: Stack) -> None:
+    from ballast.config import ConfigError, parse_settings
+
+    sim = stack.sim()
+    bad = {"models": [group("chat", claude("c", sim, anthropic={"max_tokens": 0}))]}
+    with pytest.raises(ConfigError, match="max_tokens"):
+        parse_settings(bad)
+    misplaced = {"models": [group("chat", deployment("c", sim, anthropic={"version": "x"}))]}
+    with pytest.raises(ConfigError, match="anthropic section needs provider: anthropic"):
+        parse_settings(misplaced)
