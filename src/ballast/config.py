@@ -372,6 +372,9 @@ class Deployment(_Strict):
 def _cloud_problem(dep: Deployment) -> str | None:
     """What a Bedrock or Vertex deployment lacks, naming the setting (checked at load, so a
     missing region or an unreadable key file stops start-up instead of failing requests)."""
+    for section, owner in (("aws", "bedrock"), ("google", "vertex")):
+        if getattr(dep, section) is not None and dep.provider != owner:
+            return f"the {section} section needs provider: {owner}"
     if dep.provider == "bedrock" and (dep.aws is None or dep.aws.region is None):
         return "provider bedrock needs aws.region"
     if dep.provider == "vertex":

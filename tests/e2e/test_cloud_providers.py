@@ -7,6 +7,7 @@ name the setting."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,25 @@ def test_config_errors_name_the_missing_setting(tmp_path: Path) -> None:
     message = _config_error({**base, "provider": "vertex", "google": google})
     assert "google.credentials_file" in message and "none.json" in message
     assert "api_key" in _config_error({**base, "provider": "gemini"})
+    assert "needs provider: bedrock" in _config_error({**base, "aws": {"region": "us-east-1"}})
+
+
+def test_cloud_urls_follow_from_region_and_location() -> None:
+    deployments = [
+        {"id": "b", "provider": "bedrock", "model": "m", "aws": {"region": "eu-west-1"}},
+        {"id": "v", "provider": "vertex", "model": "m",
+         "google": {"project": "p", "location": "europe-west4"}},
+        {"id": "g", "provider": "gemini", "model": "m", "api_key": "k"},
+        {"id": "own", "provider": "bedrock", "model": "m", "url": "http://127.0.0.1:9",
+         "aws": {"region": "eu-west-1"}},
+    ]  # fmt: skip
+    settings = parse_settings({"models": [group("chat", *deployments)]})
+    assert [d.url for d in settings.models[0].deployments] == [
+        "https://bedrock-runtime.eu-west-1.amazonaws.com",
+        "https://europe-west4-aiplatform.googleapis.com",
+        "https://generativelanguage.googleapis.com",
+        "http://127.0.0.1:9",
+    ]
 
 
 def test_a_gemini_stream_cut_continues_on_bedrock(stack: Stack, aws_env: None) -> None:
@@ -288,3 +308,34 @@ def test_gemini_refusals_reach_the_client_in_openai_shape(
         client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}])
     assert caught.value.status_code == status
     assert isinstance(caught.value.body, dict) and caught.value.body.get("code") == code
+
+
+def test_openai_429_then_cut_answers_whole_from_bedrock_past_anthropic(
+    stack: Stack, aws_env: None
+) -> None:
+    """OpenAI + Anthropic + Bedrock in one group: OpenAI answers 429, Anthropic is down, and
+    later OpenAI is cut mid-stream; every answer is whole, no client error, and the answer
+    names the deployment that gave it. Bedrock goes on from the cut text (a prefill)."""
+    openai_sim = stack.sim("429?retry_after=0.2", name="oa")
+    claude_sim = stack.sim("503", name="cl")
+    bedrock_sim = stack.sim("ok?tokens=60", name="bed")
+    claude = deployment("cl", claude_sim, model="claude-sim", provider="anthropic")
+    bedrock = {**_bedrock(bedrock_sim), "supports_prefill": True}
+    models = [group("chat", deployment("oa", openai_sim, model="gpt-sim"), claude, bedrock,
+                    strategy="ordered")]  # fmt: skip
+    client = _client(stack.gateway({"models": models}).url)
+    user: Any = [{"role": "user", "content": "hi"}]
+    reply = client.chat.completions.create(model="chat", messages=user)
+    assert reply.choices[0].message.content == full_text(60)
+    assert reply.model == BEDROCK  # the model that really answered
+    assert stack.attempts(openai_sim)[0]["outcome"] == "429"
+    stack.set_behaviour(openai_sim, "cut?after=20&tokens=60")
+    time.sleep(0.5)  # the rate-limited deployment's cool-down passes
+    stack.clear_log(bedrock_sim)
+    raw = client.chat.completions.with_raw_response.create(model="chat", messages=user, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+    assert text == full_text(60)
+    assert raw.headers["x-ballast-deployment"] == "oa"  # the stream started there
+    assert stack.attempts(openai_sim)[-1]["outcome"] == "cut"
+    (continued,) = stack.attempts(bedrock_sim)
+    assert continued["prefill"] is True and continued["tokens"] == 41  # " ", tok20 .. tok59

@@ -38,9 +38,9 @@ class BedrockDecoder:
 
     __slots__ = ("_frames", "_stream", "_usage")
 
-    def __init__(self, ids: Ids, usage: bool) -> None:
+    def __init__(self, ids: Ids, usage: bool, trim: bool = False) -> None:
         self._frames = EventStreamDecoder()
-        self._stream = ConverseStream(ids)
+        self._stream = ConverseStream(ids, trim)
         self._usage = usage
 
     def feed(self, data: bytes) -> list[bytes]:
@@ -57,11 +57,12 @@ class BedrockDecoder:
 
 
 class BedrockWire(ChatWire):
-    __slots__ = ()
+    __slots__ = ("trim",)
     stream_type = STREAM_TYPE
+    trim: bool  # the prefill went without its trailing whitespace
 
     def decoder(self) -> Decoder:
-        return BedrockDecoder(self._ids, self._usage)
+        return BedrockDecoder(self._ids, self._usage, self.trim)
 
 
 def _parse_error(
@@ -113,6 +114,14 @@ class BedrockAdapter(NativeAdapter):
     def translate(self, payload: dict[str, Any]) -> dict[str, Any]:
         return converse_body(payload)
 
+    def apply_prefill(self, call: OutboundCall, payload: dict[str, Any], text: str) -> None:
+        """A final assistant turn to go on from (Claude on Bedrock continues one), without
+        its trailing whitespace, which Converse refuses there."""
+        if self.capabilities.prefill and text.rstrip():
+            messages = payload.get("messages")
+            if isinstance(messages, list):
+                payload["messages"] = [*messages, {"role": "assistant", "content": text.rstrip()}]
+
     def wire(
         self,
         call: OutboundCall,
@@ -123,7 +132,7 @@ class BedrockAdapter(NativeAdapter):
     ) -> BedrockWire:
         name = quote(self.upstream_model(model), safe="")
         target = f"/model/{name}/converse-stream" if stream else f"/model/{name}/converse"
-        return BedrockWire(
+        wire = BedrockWire(
             target,
             self._sign(target, body),
             self.ids(model),
@@ -131,6 +140,9 @@ class BedrockAdapter(NativeAdapter):
             bedrock_answer.whole,
             _parse_error,
         )
+        trimmed = prefill is not None and prefill != prefill.rstrip()
+        wire.trim = self.capabilities.prefill and trimmed
+        return wire
 
     def _sign(self, target: str, body: bytes) -> bytes:
         """The SigV4 header lines for this exact request."""

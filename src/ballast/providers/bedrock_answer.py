@@ -79,10 +79,13 @@ def whole(data: Any, ids: Ids) -> dict[str, Any]:
 class ConverseStream:
     """Turns ConverseStream frames into chat chunks, one state per stream."""
 
-    __slots__ = ("_finished", "_ids", "_tools", "_usage")
+    __slots__ = ("_finished", "_ids", "_tools", "_trim", "_usage")
 
-    def __init__(self, ids: Ids) -> None:
+    def __init__(self, ids: Ids, trim: bool = False) -> None:
         self._ids = ids
+        # The prefill went without its trailing whitespace (Converse refuses it for Claude),
+        # so the answer starts with that whitespace again: the client already has it.
+        self._trim = trim
         self._tools: dict[int, int] = {}  # content block index -> tool call index
         self._finished = False
         self._usage: dict[str, int] | None = None
@@ -126,7 +129,11 @@ class ConverseStream:
     def _delta(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         delta = data.get("delta") or {}
         if isinstance(delta.get("text"), str):
-            return [cs.chunk(self._ids, {"content": delta["text"]})] if delta["text"] else []
+            text = delta["text"]
+            if self._trim:
+                text = text.lstrip()
+                self._trim = not text
+            return [cs.chunk(self._ids, {"content": text})] if text else []
         use = delta.get("toolUse")
         if isinstance(use, dict):
             index = self._tools.get(int(data.get("contentBlockIndex", -1)))
