@@ -58,10 +58,10 @@ def whole(data: Any, ids: Ids) -> dict[str, Any]:
     """A whole Converse answer as a `chat.completion`."""
     if not isinstance(data, dict):
         raise cs.failure(BAD_RESPONSE, "Bedrock answered something that is not an object")
-    message = (data.get("output") or {}).get("message") or {}
+    message = cs.obj(cs.obj(data.get("output")).get("message"))
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for block in message.get("content") or ():
+    for block in cs.seq(message.get("content")):
         if not isinstance(block, dict):
             continue
         if isinstance(block.get("text"), str):
@@ -109,11 +109,11 @@ class ConverseStream:
         if event == "messageStart":
             return [cs.chunk(self._ids, {"role": "assistant", "content": ""})]
         if event == "contentBlockStart":
-            use = (data.get("start") or {}).get("toolUse")
+            use = cs.obj(data.get("start")).get("toolUse")
             if not isinstance(use, dict):
                 return []
             index = len(self._tools)
-            self._tools[int(data.get("contentBlockIndex", index))] = index
+            self._tools[cs.count(data.get("contentBlockIndex", index))] = index
             call = cs.tool_call(str(use.get("toolUseId")), str(use.get("name")), "")
             return [cs.chunk(self._ids, {"tool_calls": [{"index": index, **call}]})]
         if event == "contentBlockDelta":
@@ -127,7 +127,7 @@ class ConverseStream:
         return []  # contentBlockStop, and events this translation does not use
 
     def _delta(self, data: dict[str, Any]) -> list[dict[str, Any]]:
-        delta = data.get("delta") or {}
+        delta = cs.obj(data.get("delta"))
         if isinstance(delta.get("text"), str):
             text = delta["text"]
             if self._trim:
@@ -136,7 +136,7 @@ class ConverseStream:
             return [cs.chunk(self._ids, {"content": text})] if text else []
         use = delta.get("toolUse")
         if isinstance(use, dict):
-            index = self._tools.get(int(data.get("contentBlockIndex", -1)))
+            index = self._tools.get(cs.count(data.get("contentBlockIndex")))
             if index is None:
                 raise cs.failure(BAD_RESPONSE, "Bedrock sent tool input for no tool block")
             piece = {"index": index, "function": {"arguments": str(use.get("input", ""))}}
@@ -161,7 +161,7 @@ def _usage(data: dict[str, Any]) -> dict[str, int] | None:
     usage = data.get("usage")
     if not isinstance(usage, dict) or "inputTokens" not in usage:
         return None
-    return cs.usage(int(usage["inputTokens"]), int(usage.get("outputTokens", 0)))
+    return cs.usage(cs.count(usage["inputTokens"]), cs.count(usage.get("outputTokens")))
 
 
 def error_kind(status: int, error_type: str | None, message: str) -> Kind:

@@ -16,14 +16,10 @@ _FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/gif": "gif", "image
 
 
 def converse_body(payload: dict[str, Any]) -> dict[str, Any]:
-    messages = payload.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise cs.bad_request("messages must be a non-empty array")
+    messages = cs.messages(payload)
     system: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
     for message in messages:
-        if not isinstance(message, dict):
-            raise cs.bad_request("each message must be an object")
         role = message.get("role")
         if role in ("system", "developer"):
             text = cs.text_of(message.get("content"))
@@ -106,12 +102,9 @@ def _inference_config(payload: dict[str, Any]) -> dict[str, Any]:
 
 def _tool_config(payload: dict[str, Any]) -> dict[str, Any] | None:
     tools = []
-    for tool in payload.get("tools") or ():
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise cs.bad_request("only function tools can be sent to Bedrock")
-        function = tool.get("function") or {}
+    for function in cs.functions(payload, "Bedrock"):
         spec: dict[str, Any] = {
-            "name": function.get("name"),
+            "name": function["name"],
             "inputSchema": {"json": function.get("parameters") or {"type": "object"}},
         }
         if function.get("description"):

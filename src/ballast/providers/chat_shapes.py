@@ -13,6 +13,21 @@ import orjson
 from ballast.resilience.failures import CLIENT_ERROR, Failure, Kind
 
 
+def obj(value: Any) -> dict[str, Any]:
+    """`value` when it is an object, else an empty one: a provider's answer is read
+    defensively, since a field of the wrong type must be an error, never a crash."""
+    return value if isinstance(value, dict) else {}
+
+
+def seq(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def count(value: Any) -> int:
+    """A token count: a non-negative integer, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def chunk(
     ids: tuple[str, int, str], delta: dict[str, Any], finish_reason: str | None = None
 ) -> dict[str, Any]:
@@ -107,14 +122,46 @@ def bad_request(message: str) -> Failure:
 
 
 def parts(content: Any) -> list[dict[str, Any]]:
-    """A message's content as a list of OpenAI parts (`text`, `image_url`)."""
+    """A message's content as a list of OpenAI parts (`text`, `image_url`), each checked."""
     if content is None:
         return []
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
-    if isinstance(content, list):
-        return [p if isinstance(p, dict) else {"type": "text", "text": str(p)} for p in content]
-    raise bad_request("message content must be a string or an array of parts")
+    if not isinstance(content, list):
+        raise bad_request("message content must be a string or an array of parts")
+    out: list[dict[str, Any]] = []
+    for part in content:
+        if isinstance(part, str):
+            part = {"type": "text", "text": part}
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise bad_request("each content part must be an object with a type")
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise bad_request("a text part needs its text")
+        out.append(part)
+    return out
+
+
+def functions(payload: dict[str, Any], provider: str) -> list[dict[str, Any]]:
+    """The request's function tools, each `function` checked: a name, an optional
+    description and an optional parameters object."""
+    tools = payload.get("tools")
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise bad_request("tools must be an array")
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise bad_request(f"only function tools can be sent to {provider}")
+        function = tool.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise bad_request("each function tool needs a function with a name")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise bad_request("a function's parameters must be an object")
+        if not isinstance(function.get("description", ""), str):
+            raise bad_request("a function's description must be a string")
+        out.append(function)
+    return out
 
 
 def text_of(content: Any) -> str:
@@ -157,6 +204,28 @@ def arguments(call: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+def messages(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's messages, checked for the shape the translations read: objects with a
+    role, and tool calls that are objects with a function object."""
+    found = payload.get("messages")
+    if not isinstance(found, list) or not found:
+        raise bad_request("messages must be a non-empty array")
+    for message in found:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad_request("each message must be an object with a role")
+        calls = message.get("tool_calls")
+        if calls is None:
+            continue
+        if not isinstance(calls, list):
+            raise bad_request("tool_calls must be an array")
+        for call in calls:
+            if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+                raise bad_request("each tool call must be an object with a function")
+            if not isinstance(call["function"].get("name"), str):
+                raise bad_request("each tool call must name its function")
+    return found
+
+
 def tool_names(messages: list[dict[str, Any]]) -> dict[str, str]:
     """tool_call_id -> function name, from the assistant messages (a tool result names only
     the id; Gemini's function responses need the name)."""
@@ -182,6 +251,9 @@ def stops(payload: dict[str, Any]) -> list[str] | None:
 def max_tokens(payload: dict[str, Any]) -> int | None:
     for key in ("max_completion_tokens", "max_tokens"):
         value = payload.get(key)
-        if value is not None:
-            return int(value)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad_request(f"{key} must be a positive integer")
+        return value
     return None

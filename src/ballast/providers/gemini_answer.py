@@ -108,10 +108,11 @@ def _candidate(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise cs.failure(BAD_RESPONSE, "Gemini answered something that is not an object")
     if isinstance(data.get("error"), dict):
-        raise error_failure(int(data["error"].get("code") or 500), data)
-    candidates = data.get("candidates")
+        code = cs.count(data["error"].get("code"))
+        raise error_failure(code if 400 <= code < 600 else 500, data)
+    candidates = cs.seq(data.get("candidates"))
     if not candidates:
-        reason = (data.get("promptFeedback") or {}).get("blockReason")
+        reason = cs.obj(data.get("promptFeedback")).get("blockReason")
         if reason:
             raise cs.failure(CONTENT_FILTER, f"Gemini blocked the prompt ({reason})")
         raise cs.failure(BAD_RESPONSE, "Gemini answered without a candidate")
@@ -124,14 +125,14 @@ def _candidate(data: Any) -> dict[str, Any]:
 def _content(candidate: dict[str, Any], first_call: int) -> tuple[str, list[dict[str, Any]]]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for part in (candidate.get("content") or {}).get("parts") or ():
+    for part in cs.seq(cs.obj(candidate.get("content")).get("parts")):
         if not isinstance(part, dict) or part.get("thought"):
             continue  # thought summaries are not the answer
         if isinstance(part.get("text"), str):
             texts.append(part["text"])
         call = part.get("functionCall")
         if isinstance(call, dict):
-            ident = call.get("id") or f"call_{first_call + len(calls)}"
+            ident = str(call.get("id") or f"call_{first_call + len(calls)}")
             calls.append(cs.tool_call(ident, str(call.get("name", "")), call.get("args")))
     return "".join(texts), calls
 
@@ -145,8 +146,10 @@ def _usage(data: dict[str, Any]) -> dict[str, int] | None:
     meta = data.get("usageMetadata")
     if not isinstance(meta, dict) or "promptTokenCount" not in meta:
         return None
-    completion = int(meta.get("candidatesTokenCount", 0)) + int(meta.get("thoughtsTokenCount", 0))
-    return cs.usage(int(meta["promptTokenCount"]), completion)
+    completion = cs.count(meta.get("candidatesTokenCount")) + cs.count(
+        meta.get("thoughtsTokenCount")
+    )
+    return cs.usage(cs.count(meta["promptTokenCount"]), completion)
 
 
 def error_kind(status: int, error: dict[str, Any]) -> Kind:
@@ -184,7 +187,7 @@ def parse_error(status: int, body: bytes, retry_after: float | None = None) -> F
 
 
 def _retry_delay(error: dict[str, Any]) -> float | None:
-    for detail in error.get("details") or ():
+    for detail in cs.seq(error.get("details")):
         delay = detail.get("retryDelay") if isinstance(detail, dict) else None
         if isinstance(delay, str) and delay.endswith("s"):
             try:

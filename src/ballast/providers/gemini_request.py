@@ -16,7 +16,6 @@ import ballast.providers.chat_shapes as cs
 _CONFIG = (  # chat field -> generationConfig field, copied as they are
     ("temperature", "temperature"),
     ("top_p", "topP"),
-    ("n", "candidateCount"),
     ("seed", "seed"),
     ("presence_penalty", "presencePenalty"),
     ("frequency_penalty", "frequencyPenalty"),
@@ -24,15 +23,11 @@ _CONFIG = (  # chat field -> generationConfig field, copied as they are
 
 
 def gemini_body(payload: dict[str, Any]) -> dict[str, Any]:
-    messages = payload.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise cs.bad_request("messages must be a non-empty array")
+    messages = cs.messages(payload)
     names = cs.tool_names(messages)
     system: list[dict[str, Any]] = []
     contents: list[dict[str, Any]] = []
     for message in messages:
-        if not isinstance(message, dict):
-            raise cs.bad_request("each message must be an object")
         role = message.get("role")
         if role in ("system", "developer"):
             system.extend({"text": p["text"]} for p in _text_parts(message.get("content")))
@@ -109,14 +104,13 @@ def _response(message: dict[str, Any]) -> dict[str, Any]:
 
 def _tools(payload: dict[str, Any]) -> list[dict[str, Any]]:
     declarations = []
-    for tool in payload.get("tools") or ():
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise cs.bad_request("only function tools can be sent to Gemini")
-        function = tool.get("function") or {}
-        declaration = {"name": function.get("name"), "description": function.get("description")}
+    for function in cs.functions(payload, "Gemini"):
+        declaration = {"name": function["name"]}
+        if function.get("description"):
+            declaration["description"] = function["description"]
         if function.get("parameters"):
             declaration["parameters"] = function["parameters"]
-        declarations.append({k: v for k, v in declaration.items() if v is not None})
+        declarations.append(declaration)
     return [{"functionDeclarations": declarations}] if declarations else []
 
 

@@ -4,7 +4,6 @@ and errors come back as chat. Only chat completions have a native translation.""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -48,7 +47,8 @@ class NativeAdapter(Adapter):
 
     def ids(self, model: str) -> Ids:
         """The id, creation time and model of one translated answer."""
-        return f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.upstream_model(model)
+        created = int(self.context.clock.time())
+        return f"chatcmpl-{uuid.uuid4().hex}", created, self.upstream_model(model)
 
 
 def include_usage(call: OutboundCall) -> bool:
