@@ -279,3 +279,19 @@ def test_a_hostile_anthropic_stream_is_healed(stack: Stack, fault: str) -> None:
     )
     assert text == full(60)
     assert len(stack.attempts(good)) == (0 if fault.startswith("no_done") else 1)
+
+
+def test_what_messages_cannot_say_goes_to_a_provider_that_can(stack: Stack) -> None:
+    claude_sim, openai_sim = stack.sim(name="cl"), stack.sim(name="oa")
+    api = client(gateway_for(stack, claude("cl", claude_sim), deployment("oa", openai_sim)))
+    audio: list[Any] = [
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AA"}}]}
+    ]
+    reply = api.chat.completions.create(model="chat", messages=audio)
+    assert reply.choices[0].message.content == full(16)
+    assert api.embeddings.create(model="chat", input="x").data
+    assert stack.attempts(claude_sim) == [] and len(stack.attempts(openai_sim)) == 2
+    alone = client(gateway_for(stack, claude("cl", claude_sim)))
+    with pytest.raises(openai.BadRequestError) as info:
+        alone.chat.completions.create(model="chat", messages=audio)
+    assert info.value.code == "unsupported_request" and "input_audio" in info.value.message

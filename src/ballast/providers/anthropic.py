@@ -40,9 +40,8 @@ class AnthropicAdapter(Adapter):
     def body(self, call: OutboundCall, model: str, prefill: str | None = None) -> bytes:
         if call.path != "/chat/completions":
             raise Failure(
-                failures.CLIENT_ERROR,
+                failures.UNSUPPORTED,
                 f"an Anthropic deployment answers chat completions, not {call.path}",
-                status=400,
                 deployment=self.upstream.id,
             )
         payload = call.payload
@@ -58,9 +57,7 @@ class AnthropicAdapter(Adapter):
                 payload, self.upstream_model(model), self.options.max_tokens, prefill
             )
         except Untranslatable as exc:
-            raise Failure(
-                failures.CLIENT_ERROR, str(exc), status=400, deployment=self.upstream.id
-            ) from None
+            raise Failure(failures.UNSUPPORTED, str(exc), deployment=self.upstream.id) from None
         return orjson.dumps(request)
 
     def wire(
