@@ -16,7 +16,10 @@ from ballast.providers.base import Adapter, AdapterContext, Capabilities, Outbou
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
+from ballast.upstream.codec import Wire
 from ballast.upstream.http1 import header_lines
+
+_PING = {"role": "user", "content": "ping"}
 
 
 class AnthropicAdapter(Adapter):
@@ -79,7 +82,16 @@ class AnthropicAdapter(Adapter):
     def continues(self, call: OutboundCall) -> bool:
         return True
 
+    def probe_wire(self) -> Wire:
+        return Wire(self._target, self._headers)
+
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
-        """Not probed: the probe speaks the OpenAI wire; an open breaker's half-open
-        attempt finds out instead."""
-        return None
+        """A one-token message when the deployment names its model, else the model list."""
+        kind = self.deployment.probe
+        if kind == "none":
+            return None
+        model = self.deployment.model
+        if kind in ("completion", "auto") and model is not None and model != "*":
+            body = {"model": model, "max_tokens": 1, "messages": [_PING]}
+            return "POST", self._target, body
+        return "GET", self._target.replace("/messages", "/models"), None
