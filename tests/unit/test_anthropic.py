@@ -99,6 +99,12 @@ def test_a_prefill_is_a_final_assistant_turn_without_trailing_space() -> None:
         {"messages": [{"role": "wizard", "content": "x"}]},
         {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
         {"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"},
+        {"messages": [{"role": "user", "content": "x"}], "n": 2},
+        {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_object"},
+        },
     ],
 )
 def test_what_messages_cannot_say_is_refused(payload: dict[str, Any]) -> None:
