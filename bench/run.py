@@ -39,6 +39,7 @@ PAIRS = [
     ("ballast+keys", "ballast", 32, 32),
     ("ballast+keys+redis", "ballast", 32, 32),
     ("ballast-2w", "ballast", 64, 32),
+    ("ballast-anthropic", "ballast", 32, 32),
 ]
 
 
@@ -121,6 +122,8 @@ def start_targets(
             target = tg.ballast(procs, workdir, upstream, name=name, workers=2)
         elif name == "ballast-assemble":
             target = tg.ballast(procs, workdir, upstream, name=name, assemble=True)
+        elif name == "ballast-anthropic":
+            target = tg.ballast(procs, workdir, upstream, name=name, anthropic=True)
         elif name == "ballast-granian":
             target = tg.ballast_granian(procs, workdir, upstream)
         elif name == "ballast+keys":

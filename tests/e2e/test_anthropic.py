@@ -5,6 +5,9 @@ OpenAI-compatible deployment and an Anthropic one in one model group."""
 from __future__ import annotations
 
 import json
+import time
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -13,6 +16,7 @@ import pytest
 from tests.e2e.test_routing import FAST, full
 from tests.stack import Gateway, Stack, deployment, group
 
+MASTER = "sk-master-test"
 MESSAGES: list[Any] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 TOOLS: list[Any] = [
     {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
@@ -183,3 +187,111 @@ def test_a_provider_setting_is_checked_at_load(stack: Stack) -> None:
     misplaced = {"models": [group("chat", deployment("c", sim, anthropic={"version": "x"}))]}
     with pytest.raises(ConfigError, match="anthropic section needs provider: anthropic"):
         parse_settings(misplaced)
+
+
+def test_spend_is_priced_by_the_model_that_answered(stack: Stack, tmp_path: Path) -> None:
+    """A group of an OpenAI deployment and an Anthropic one; the OpenAI one answers 429, and
+    once cooled down it is cut mid-stream. Every answer is whole, no error reaches the
+    client, and spend is priced as the Anthropic model that really answered."""
+    openai_sim, claude_sim = stack.sim("429", name="oa"), stack.sim("ok?tokens=60", name="cl")
+    gateway = stack.gateway(
+        {
+            "timeouts": FAST,
+            "routing": {"rate_limit_cooldown": 0.3},
+            "server": {"master_key": MASTER},
+            "state": {
+                "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
+                "spend_journal": str(tmp_path / "spend.journal"),
+                "spend_flush_interval": 0.1,
+            },
+            # $1 a token on OpenAI, $3 on Anthropic: the total says who answered.
+            "prices": {
+                "gpt-sim": {"input": 1_000_000, "output": 1_000_000},
+                "claude-sim": {"input": 3_000_000, "output": 3_000_000},
+            },
+            "models": [
+                group(
+                    "chat",
+                    deployment("oa", openai_sim, model="gpt-sim"),
+                    claude("cl", claude_sim),
+                    strategy="ordered",
+                )
+            ],
+        }
+    )
+    status, created = admin(gateway, "POST", "/admin/keys", {"name": "t"})
+    assert status == 201
+    api = openai.OpenAI(base_url=gateway.url + "/v1", api_key=created["key"], max_retries=0)
+    reply = api.chat.completions.create(model="chat", messages=MESSAGES)
+    assert reply.choices[0].message.content == full(60) and reply.model == "claude-sim"
+    assert reply.usage is not None
+    tokens = reply.usage.total_tokens
+    stack.set_behaviour(openai_sim, "cut?after=20&tokens=60")
+    time.sleep(0.5)  # the rate limit's cooldown passes: the OpenAI deployment is tried again
+    text, usage = "", None
+    for chunk in api.chat.completions.create(
+        model="chat", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+    ):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        usage = chunk.usage or usage
+    assert text == full(60) and usage is not None
+    assert [a["outcome"] for a in stack.attempts(openai_sim)] == ["429", "cut"]
+    tokens += usage.total_tokens
+    spend: dict[str, Any] = {}
+    for _ in range(100):
+        status, spend = admin(gateway, "GET", f"/admin/keys/spend?id={created['id']}")
+        if status == 200 and spend["spend"] >= 3.0 * tokens:
+            break
+        time.sleep(0.05)
+    assert spend["spend"] == pytest.approx(3.0 * tokens)
+
+
+def admin(gateway: Gateway, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        gateway.url + path,
+        data=json.dumps(body).encode() if body is not None else None,
+        method=method,
+        headers={"authorization": f"Bearer {MASTER}", "content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status, json.loads(response.read())
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "stall?after=20&seconds=60&tokens=60",
+        "slow_first?delay=30&tokens=60",
+        "hang",
+        "no_done?tokens=60",
+    ],
+)
+def test_a_hostile_anthropic_stream_is_healed(stack: Stack, fault: str) -> None:
+    """The stream clocks guard an Anthropic stream as any other: silence before the first
+    token fails over, a stall after it is continued, an end without message_stop is cut."""
+    bad, good = stack.sim(fault, name="bad"), stack.sim("ok?tokens=60", name="good")
+    api = client(gateway_for(stack, claude("bad", bad), deployment("good", good)))
+    text = "".join(
+        c.choices[0].delta.content or ""
+        for c in api.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        if c.choices
+    )
+    assert text == full(60)
+    assert len(stack.attempts(good)) == (0 if fault.startswith("no_done") else 1)
+
+
+def test_what_messages_cannot_say_goes_to_a_provider_that_can(stack: Stack) -> None:
+    claude_sim, openai_sim = stack.sim(name="cl"), stack.sim(name="oa")
+    api = client(gateway_for(stack, claude("cl", claude_sim), deployment("oa", openai_sim)))
+    audio: list[Any] = [
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AA"}}]}
+    ]
+    reply = api.chat.completions.create(model="chat", messages=audio)
+    assert reply.choices[0].message.content == full(16)
+    assert api.embeddings.create(model="chat", input="x").data
+    assert stack.attempts(claude_sim) == [] and len(stack.attempts(openai_sim)) == 2
+    alone = client(gateway_for(stack, claude("cl", claude_sim)))
+    with pytest.raises(openai.BadRequestError) as info:
+        alone.chat.completions.create(model="chat", messages=audio)
+    assert info.value.code == "unsupported_request" and "input_audio" in info.value.message

@@ -16,7 +16,10 @@ from ballast.providers.base import Adapter, AdapterContext, Capabilities, Outbou
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
+from ballast.upstream.codec import Wire
 from ballast.upstream.http1 import header_lines
+
+_PING = {"role": "user", "content": "ping"}
 
 
 class AnthropicAdapter(Adapter):
@@ -40,9 +43,8 @@ class AnthropicAdapter(Adapter):
     def body(self, call: OutboundCall, model: str, prefill: str | None = None) -> bytes:
         if call.path != "/chat/completions":
             raise Failure(
-                failures.CLIENT_ERROR,
+                failures.UNSUPPORTED,
                 f"an Anthropic deployment answers chat completions, not {call.path}",
-                status=400,
                 deployment=self.upstream.id,
             )
         payload = call.payload
@@ -58,9 +60,7 @@ class AnthropicAdapter(Adapter):
                 payload, self.upstream_model(model), self.options.max_tokens, prefill
             )
         except Untranslatable as exc:
-            raise Failure(
-                failures.CLIENT_ERROR, str(exc), status=400, deployment=self.upstream.id
-            ) from None
+            raise Failure(failures.UNSUPPORTED, str(exc), deployment=self.upstream.id) from None
         return orjson.dumps(request)
 
     def wire(
@@ -82,7 +82,16 @@ class AnthropicAdapter(Adapter):
     def continues(self, call: OutboundCall) -> bool:
         return True
 
+    def probe_wire(self) -> Wire:
+        return Wire(self._target, self._headers)
+
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
-        """Not probed: the probe speaks the OpenAI wire; an open breaker's half-open
-        attempt finds out instead."""
-        return None
+        """A one-token message when the deployment names its model, else the model list."""
+        kind = self.deployment.probe
+        if kind == "none":
+            return None
+        model = self.deployment.model
+        if kind in ("completion", "auto") and model is not None and model != "*":
+            body = {"model": model, "max_tokens": 1, "messages": [_PING]}
+            return "POST", self._target, body
+        return "GET", self._target.replace("/messages", "/models"), None

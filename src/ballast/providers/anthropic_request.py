@@ -26,6 +26,7 @@ def messages_request(
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise Untranslatable("messages must be a non-empty list")
+    _check_unsupported(payload)
     system: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
     for message in messages:
@@ -70,6 +71,17 @@ def messages_request(
     if payload.get("stream"):
         out["stream"] = True
     return out
+
+
+def _check_unsupported(payload: dict[str, Any]) -> None:
+    """What Messages would silently not do: better another provider than a wrong answer."""
+    if payload.get("n") not in (None, 1):
+        raise Untranslatable("n > 1: Messages gives one answer per request")
+    if payload.get("logprobs"):
+        raise Untranslatable("logprobs: Messages has none")
+    response_format = payload.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
+        raise Untranslatable("response_format: Messages has no JSON mode")
 
 
 def _add(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:

@@ -37,6 +37,18 @@ _TEXT = b'[{"index":0,"delta":{"content":'
 _TEXT_END = b'},"finish_reason":null}]}'
 
 
+_QUIET = (b"event: ping\n", b"event: content_block_stop\n")
+
+
+def _data(event: bytes) -> bytes | None:
+    """An event's data: at once for the usual `event: NAME` line and one data line,
+    else read line by line."""
+    at = event.find(b"\ndata:")
+    if at != -1 and event.find(b"\n", at + 1) == -1 and event.startswith(b"event:"):
+        return event[at + 6 :]
+    return event_data(event)
+
+
 def usage_of(usage: dict[str, Any]) -> dict[str, Any]:
     """Anthropic usage as OpenAI's: cache reads and writes are prompt tokens too."""
     read = usage.get("cache_read_input_tokens") or 0
@@ -220,7 +232,10 @@ class MessageStream:
         return out
 
     def _event(self, event: bytes, out: list[bytes]) -> None:
-        data = event_data(event)
+        if event.startswith(_QUIET):  # nothing in them to parse
+            out.append(_PING)
+            return
+        data = _data(event)
         if data is None:
             out.append(_PING)
             return

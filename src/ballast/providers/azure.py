@@ -58,7 +58,19 @@ class AzureAdapter(Adapter):
                 self._wires[key] = wire
         return wire
 
+    def probe_wire(self) -> Wire:
+        return Wire("", self._headers, own_auth=self._own_auth)
+
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
-        """Not probed: the probe speaks the OpenAI wire on OpenAI's paths; an open breaker's
-        half-open attempt finds out instead."""
-        return None
+        """The OpenAI probe on Azure's paths: a one-token completion of the deployment, or
+        the model list."""
+        request = super().probe_request()
+        if request is None:
+            return None
+        method, path, body = request
+        if self.options.style == "v1":
+            return method, self._prefix + path + self._query, body
+        if path == "/models":
+            return method, "/openai/models" + self._query, body
+        body = {"messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+        return "POST", self._deployment_prefix("") + "/chat/completions" + self._query, body

@@ -145,6 +145,11 @@ class Adapter:
         """Run `send` with the route this call takes: None, the deployment's own URL and key."""
         return send(None)
 
+    def probe_wire(self) -> Wire | None:
+        """The header lines a probe goes with, for a provider with its own credential
+        header; None: the deployment's bearer token."""
+        return None
+
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
         """(method, path, body) of the background probe of an open deployment, or None when
         it is not probed. A one-token completion needs the model's name; without one the

@@ -62,6 +62,12 @@ CONTENT_FILTER = Kind(
 CLIENT_ERROR = Kind(
     "client_error", Action.RETURN, 400, "invalid_request_error", "bad_request", False
 )
+# A request this deployment's provider cannot express (Messages has no audio part, a
+# provider serves no embeddings): another provider in the group may, so it fails over
+# without touching the deployment's health.
+UNSUPPORTED = Kind(
+    "unsupported", Action.FAILOVER, 400, "invalid_request_error", "unsupported_request", False
+)
 
 _CONTENT_FILTER_CODES = {"content_filter", "content_policy_violation", "content_filtered"}
 

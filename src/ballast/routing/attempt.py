@@ -62,8 +62,8 @@ class Verdicts:
             )
             if self.on_auth is not None:
                 self.on_auth(target)
-        elif kind is failures.POOL_TIMEOUT:
-            breaker.release(permit)
+        elif kind is failures.POOL_TIMEOUT or kind is failures.UNSUPPORTED:
+            breaker.release(permit)  # the deployment was not asked: no verdict
         elif kind.health_failure:
             breaker.record_failure(permit, failure.retry_after)
             if self.on_health_failure is not None:

@@ -16,7 +16,8 @@ from ballast.resilience.failures import Failure
 from ballast.routing.attempt import Attempt
 from ballast.routing.attempts import AttemptLoop, Attempts, Exchange, Routable, first_success
 from ballast.upstream.client import Route
-from ballast.upstream.exchange import Reply, UpstreamStream, collect, fetch, open_stream
+from ballast.upstream.collect import collect
+from ballast.upstream.exchange import Reply, UpstreamStream, fetch, open_stream
 
 T = TypeVar("T")
 

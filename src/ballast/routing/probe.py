@@ -141,7 +141,8 @@ class Prober:
         method, path, body = request
         upstream = target.upstream
         try:
-            status, _ = await upstream.call_json(method, upstream.base_url + path, body)
+            url = upstream.base_url + path
+            status, _ = await upstream.call_json(method, url, body, target.adapter.probe_wire())
         except Failure:
             status = 0
         except Exception:

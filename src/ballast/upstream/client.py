@@ -234,15 +234,20 @@ class Upstream:
         except http1.HttpError:
             raise Failure(failures.RESET, "connection reset", deployment=self.id) from None
 
-    async def call_json(self, method: str, url: str, payload: Any | None = None) -> tuple[int, Any]:
-        """A small control-plane call (create or release a remote resource) on the same pool."""
+    async def call_json(
+        self, method: str, url: str, payload: Any | None = None, wire: Wire | None = None
+    ) -> tuple[int, Any]:
+        """A small control-plane call (create or release a remote resource, a probe) on the
+        same pool; a `wire` brings the provider's own header lines instead of the bearer."""
         budget = self.timeouts.first_token
         body = orjson.dumps(payload) if payload is not None else None
         if body is None and method in ("POST", "PUT", "PATCH"):
             body = b""
+        extra = None if wire is None else wire.headers
+        own_auth = wire is not None and wire.own_auth
         try:
             with Deadline(self.clock, self.clock.monotonic() + budget):
-                response = await self._send(method, url, body, None)
+                response = await self._send(method, url, body, extra, own_auth)
                 try:
                     raw = await response.read()
                 finally:

@@ -1,10 +1,10 @@
 """One attempt against one deployment: a whole answer, or a stream guarded by two clocks
-(time to first token, gap between chunks). Every failure leaves here as a classified Failure."""
+(time to first token, gap between chunks). Every failure leaves here as a classified Failure.
+A whole answer read as a stream is collect.py's."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -95,10 +95,11 @@ async def fetch(
             f"no complete answer within {budget:.1f}s",
             deployment=upstream.id,
         ) from None
-    return _reply(response, data, upstream, wire)
+    return reply_of(response, data, upstream, wire)
 
 
-def _reply(response: Response, data: bytes, upstream: Upstream, wire: Wire | None) -> Reply:
+def reply_of(response: Response, data: bytes, upstream: Upstream, wire: Wire | None) -> Reply:
+    """A whole 2xx answer read to its end, in chat-completion form."""
     if wire is not None:
         try:
             data, translated = wire.answer(data)
@@ -301,7 +302,7 @@ async def open_stream(
     silent upstream can still be replaced before the client has seen a byte. `until`
     (monotonic) bounds the whole stream: the attempt's deadline."""
     deadline = min(clock.monotonic() + upstream.timeouts.first_token, until)
-    response, watchdog = await _answer_head(
+    response, watchdog = await answer_head(
         upstream, path, body, clock, request_id, route, deadline, wire
     )
     content_type = response.headers.get("content-type") or ""
@@ -329,7 +330,7 @@ async def open_stream(
         raise
 
 
-async def _answer_head(
+async def answer_head(
     upstream: Upstream,
     path: str,
     body: bytes,
@@ -359,72 +360,3 @@ async def _answer_head(
         watchdog.close()
         raise await _failure_from(response, upstream, clock, wire)
     return response, watchdog
-
-
-async def collect(
-    upstream: Upstream,
-    path: str,
-    body: bytes,
-    clock: Clock,
-    assemble: Callable[[list[bytes]], bytes | None],
-    request_id: str | None = None,
-    route: Route | None = None,
-    until: float = math.inf,
-    wire: Wire | None = None,
-) -> Reply:
-    """A whole answer asked for as a stream (`body` asks for one), so the two stream clocks
-    guard it: a silent or stalled upstream fails in seconds, not at the request deadline,
-    and the attempt loop fails over before the client has waited long. `assemble` turns the
-    events into the answer's body. An upstream that answers whole anyway (it ignored the
-    request's `stream`) is read as `fetch` reads it, within the attempt's time."""
-    now = clock.monotonic()
-    first = min(now + upstream.timeouts.first_token, until)
-    response, watchdog = await _answer_head(
-        upstream, path, body, clock, request_id, route, first, wire
-    )
-    stream_type = b"text/event-stream" if wire is None else wire.stream_type.encode()
-    if not _is_stream(response, stream_type):
-        try:
-            # The stream's one timer guards the whole answer's read instead.
-            with watchdog.until(min(until, now + upstream.timeouts.answer)):
-                data = await response.read()
-        except TimeoutError:
-            raise Failure(
-                failures.REQUEST_TIMEOUT, "no complete answer in time", deployment=upstream.id
-            ) from None
-        except HttpError:
-            raise Failure(
-                failures.RESET, "connection lost while reading the answer", deployment=upstream.id
-            ) from None
-        finally:
-            watchdog.close()
-            response.release()
-        return _reply(response, data, upstream, wire)
-    stream = UpstreamStream(
-        upstream, response, clock, watchdog, None if wire is None else wire.decoder()
-    )
-    stream.until = until
-    events: list[bytes] = []
-    try:
-        state = stream.state
-        while not (state.output or state.finished or stream.exhausted):
-            events.extend(await stream.next_events(first))
-        while not stream.exhausted:
-            events.extend(await stream.next_events())
-    finally:
-        stream.close()
-    assembled = assemble(events)
-    if assembled is None:
-        raise Failure(
-            failures.BAD_RESPONSE, "a streamed answer that does not add up", deployment=upstream.id
-        )
-    return Reply(200, stream.headers, assembled, orjson.loads(assembled))
-
-
-def _is_stream(response: Response, stream_type: bytes) -> bool:
-    """Whether the answer is a stream, read off the raw headers (building the
-    case-insensitive view of every header costs more than this one look)."""
-    for name, value in response.raw_headers:
-        if len(name) == 12 and name.lower() == b"content-type":
-            return stream_type in value
-    return False
