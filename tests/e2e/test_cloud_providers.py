@@ -20,6 +20,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from ballast.config import ConfigError, parse_settings
 from ballast.sim.answer import full_text
 from ballast.sim.server import SimServer
+from tests.e2e.test_provider_probes import drive
+from tests.e2e.test_recovery import PROBES, probes
+from tests.e2e.test_routing import client as routing_client
+from tests.e2e.test_routing import config
 from tests.stack import Stack, deployment, group
 
 GEMINI = "gemini-2.0-flash"
@@ -339,3 +343,34 @@ def test_openai_429_then_cut_answers_whole_from_bedrock_past_anthropic(
     assert stack.attempts(openai_sim)[-1]["outcome"] == "cut"
     (continued,) = stack.attempts(bedrock_sim)
     assert continued["prefill"] is True and continued["tokens"] == 41  # " ", tok20 .. tok59
+
+
+@pytest.mark.parametrize("provider", ["gemini", "bedrock", "vertex"])
+def test_an_open_cloud_deployment_is_probed_back_in_its_own_wire(
+    stack: Stack, aws_env: None, tmp_path: Path, provider: str
+) -> None:
+    a = stack.sim("ok?tokens=4", name="a")
+    b = stack.sim("ok?tokens=4&latency=0.05", name="b")
+    if provider == "gemini":
+        native = _gemini(a)
+    elif provider == "bedrock":
+        native = _bedrock(a)
+    else:
+        native = _vertex(a, _service_account(tmp_path, a))
+    native = {**native, "id": "a"}
+    gateway = stack.gateway(
+        config(group("chat", native, deployment("b", b, model="m")), routing=PROBES)
+    )
+    api = routing_client(gateway)
+    drive(api, 0.5)
+    stack.set_behaviour(a, "500")
+    during = drive(api, 2.0)
+    assert all(who != "a" for _, who in during[3:])
+    outage = [p for p in probes(stack, a) if p["path"] != "/token"]
+    assert outage, "a was never probed"
+    header = {"gemini": "x-goog-api-key", "bedrock": "authorization", "vertex": "authorization"}
+    assert all(p["headers"].get(header[provider]) for p in outage)
+    stack.set_behaviour(a, "ok?tokens=4")
+    recovered = time.monotonic()
+    back = [when - recovered for when, who in drive(api, 2.0) if who == "a"]
+    assert back and back[0] < 1.0, back

@@ -42,12 +42,34 @@ def _preset(dep_id: str, url: str) -> dict[str, Any]:
     return {**_openai(dep_id, url), "provider": "groq"}
 
 
+def _gemini(dep_id: str, url: str) -> dict[str, Any]:
+    return {"id": dep_id, "url": url, "api_key": "gm-x", "model": "m", "provider": "gemini"}
+
+
+def _bedrock(dep_id: str, url: str) -> dict[str, Any]:
+    aws = {"region": "us-east-1"}
+    return {"id": dep_id, "url": url, "model": "m", "provider": "bedrock", "aws": aws}
+
+
+@pytest.fixture(autouse=True)
+def _aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bedrock signs with the standard chain: here, keys in the environment."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDCONFORMANCE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "conformance-secret")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
 PROVIDERS: dict[str, Callable[[str, str], dict[str, Any]]] = {
     "openai": _openai,
     "anthropic": _anthropic,
     "azure": _azure,
     "azure-v1": _azure_v1,
     "groq": _preset,
+    "gemini": _gemini,
+    "bedrock": _bedrock,
 }
 
 

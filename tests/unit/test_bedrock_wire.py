@@ -91,11 +91,11 @@ def test_a_conversation_with_a_tool_round_trip_is_a_valid_converse_body() -> Non
     assert body["toolConfig"]["toolChoice"] == {"any": {}}
 
 
-def test_a_remote_image_url_is_the_clients_error() -> None:
+def test_a_remote_image_url_is_unsupported_so_another_provider_may_answer() -> None:
     image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
     with pytest.raises(Failure) as caught:
         converse_body({"messages": [{"role": "user", "content": [image]}]})
-    assert caught.value.kind is failures.CLIENT_ERROR
+    assert caught.value.kind is failures.UNSUPPORTED
 
 
 def test_a_whole_answer_with_tool_use_becomes_tool_calls() -> None:

@@ -14,6 +14,8 @@ import logging
 from typing import Any, ClassVar
 from urllib.parse import quote
 
+import orjson
+
 import ballast.providers.bedrock_answer as bedrock_answer
 from ballast.config import AwsSettings, Deployment
 from ballast.providers.base import AdapterContext, OutboundCall
@@ -23,7 +25,7 @@ from ballast.providers.native import ChatWire, Ids, NativeAdapter, closing, even
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
-from ballast.upstream.codec import Decoder
+from ballast.upstream.codec import Decoder, Wire
 from ballast.upstream.eventstream import EventStreamDecoder, EventStreamError
 
 log = logging.getLogger("ballast.providers.bedrock")
@@ -113,6 +115,18 @@ class BedrockAdapter(NativeAdapter):
 
     def translate(self, payload: dict[str, Any]) -> dict[str, Any]:
         return converse_body(payload)
+
+    def probe_path(self, model: str) -> str:
+        return f"/model/{quote(self.upstream_model(model), safe='')}/converse"
+
+    def probe_body(self) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": [{"text": "ping"}]}],
+                "inferenceConfig": {"maxTokens": 1}}  # fmt: skip
+
+    def probe_wire(self) -> Wire:
+        """Signed over the probe's own bytes (the probe sends them encoded as here)."""
+        model = self.deployment.model or ""
+        return Wire("", self._sign(self.probe_path(model), orjson.dumps(self.probe_body())))
 
     def apply_prefill(self, call: OutboundCall, payload: dict[str, Any], text: str) -> None:
         """A final assistant turn to go on from (Claude on Bedrock continues one), without

@@ -59,7 +59,7 @@ def _turn(message: dict[str, Any], role: Any) -> tuple[str, list[dict[str, Any]]
         if not isinstance(ident, str) or not ident:
             raise cs.bad_request("a tool message needs its tool_call_id")
         return "user", [{"toolResult": {"toolUseId": ident, "content": _result(message)}}]
-    raise cs.bad_request(f"message role {role!r} is not supported")
+    raise cs.unsupported(f"message role {role!r} is not supported")
 
 
 def _block(part: dict[str, Any]) -> dict[str, Any]:
@@ -69,12 +69,12 @@ def _block(part: dict[str, Any]) -> dict[str, Any]:
     if kind == "image_url":
         inline = cs.data_url(cs.image_url(part))
         if inline is None:
-            raise cs.bad_request("Bedrock takes images as data URLs only, not remote URLs")
+            raise cs.unsupported("Bedrock takes images as data URLs only, not remote URLs")
         image_format = _FORMATS.get(inline[0])
         if image_format is None:
-            raise cs.bad_request(f"Bedrock does not take images of type {inline[0]}")
+            raise cs.unsupported(f"Bedrock does not take images of type {inline[0]}")
         return {"image": {"format": image_format, "source": {"bytes": inline[1]}}}
-    raise cs.bad_request(f"content part type {kind!r} is not supported by Bedrock")
+    raise cs.unsupported(f"content part type {kind!r} is not supported by Bedrock")
 
 
 def _result(message: dict[str, Any]) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from ballast.resilience.failures import CLIENT_ERROR, Failure, Kind
+from ballast.resilience.failures import CLIENT_ERROR, UNSUPPORTED, Failure, Kind
 
 
 def obj(value: Any) -> dict[str, Any]:
@@ -116,6 +116,12 @@ def failure(
     )
 
 
+def unsupported(message: str) -> Failure:
+    """The request is fine but this provider cannot express it: another deployment of the
+    group may (the unsupported kind fails over without a verdict on this one)."""
+    return failure(UNSUPPORTED, message)
+
+
 def bad_request(message: str) -> Failure:
     """The client's request cannot be said in the provider's wire: its own error, no retry."""
     return failure(CLIENT_ERROR, message)
@@ -152,7 +158,7 @@ def functions(payload: dict[str, Any], provider: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for tool in tools:
         if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise bad_request(f"only function tools can be sent to {provider}")
+            raise unsupported(f"only function tools can be sent to {provider}")
         function = tool.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise bad_request("each function tool needs a function with a name")

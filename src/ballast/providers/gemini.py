@@ -17,7 +17,7 @@ from ballast.providers.native import ChatWire, Ids, NativeAdapter, closing, even
 from ballast.providers.native import malformed as malformed_event
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
-from ballast.upstream.codec import Decoder
+from ballast.upstream.codec import Decoder, Wire
 from ballast.upstream.sse import SseSplitter, event_data
 
 
@@ -73,6 +73,16 @@ class GeminiAdapter(NativeAdapter):
 
     def translate(self, payload: dict[str, Any]) -> dict[str, Any]:
         return gemini_body(payload)
+
+    def probe_path(self, model: str) -> str:
+        return self.model_path(model) + ":generateContent"
+
+    def probe_body(self) -> dict[str, Any]:
+        ping = {"role": "user", "parts": [{"text": "ping"}]}
+        return {"contents": [ping], "generationConfig": {"maxOutputTokens": 1}}
+
+    def probe_wire(self) -> Wire:
+        return Wire("", self._auth)
 
     def model_path(self, model: str) -> str:
         return f"/{self.api_version}/models/{quote(self.upstream_model(model), safe='')}"

@@ -71,7 +71,7 @@ def _turn(
         if not name:
             raise cs.bad_request("a tool message must answer a tool call made before it")
         return "user", [{"functionResponse": {"name": name, "response": _response(message)}}]
-    raise cs.bad_request(f"message role {role!r} is not supported")
+    raise cs.unsupported(f"message role {role!r} is not supported")
 
 
 def _text_parts(content: Any) -> list[dict[str, Any]]:
@@ -89,7 +89,7 @@ def _part(part: dict[str, Any]) -> dict[str, Any]:
             return {"inlineData": {"mimeType": inline[0], "data": inline[1]}}
         media = mimetypes.guess_type(url.split("?", 1)[0])[0] or "image/jpeg"
         return {"fileData": {"mimeType": media, "fileUri": url}}
-    raise cs.bad_request(f"content part type {kind!r} is not supported by Gemini")
+    raise cs.unsupported(f"content part type {kind!r} is not supported by Gemini")
 
 
 def _response(message: dict[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,9 @@ class NativeAdapter(Adapter):
 
     def body(self, call: OutboundCall, model: str, prefill: str | None = None) -> bytes:
         if call.path != "/chat/completions":
-            raise cs.bad_request(f"{self.name} deployments answer chat completions only")
+            raise cs.unsupported(
+                f"a {self.name} deployment answers chat completions, not {call.path}"
+            )
         payload = dict(call.payload)
         for key, value in call.edits.items():
             if value is None:
@@ -42,8 +44,18 @@ class NativeAdapter(Adapter):
         return orjson.dumps(self.translate(payload))
 
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
-        """Not probed in the background: a probe speaks the OpenAI wire."""
-        return None
+        """A one-token request in the provider's own wire, when the deployment names its
+        model (there is no model list to fall back on); None: not probed."""
+        model = self.deployment.model
+        if self.deployment.probe == "none" or model is None or model == "*":
+            return None
+        return "POST", self.probe_path(model), self.probe_body()
+
+    def probe_path(self, model: str) -> str:
+        raise NotImplementedError
+
+    def probe_body(self) -> dict[str, Any]:
+        raise NotImplementedError
 
     def ids(self, model: str) -> Ids:
         """The id, creation time and model of one translated answer."""

@@ -24,6 +24,7 @@ from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.resilience.handles import Handle, HandleCache, HandleUnavailable, Key
 from ballast.upstream.client import Route, Upstream
+from ballast.upstream.codec import Wire
 
 log = logging.getLogger("ballast.providers.vertex")
 
@@ -42,6 +43,7 @@ class VertexAdapter(GeminiAdapter):
         self._prefix = f"/v1/projects/{google.project}/locations/{google.location}"
         self._credentials: Any = None
         self._issued = itertools.count(1)
+        self._key: Key = ("", deployment.id)  # one token serves every model of the deployment
         self.handles: HandleCache = HandleCache(
             self._create, clock=context.clock, refresh_margin=context.handle_refresh_margin
         )
@@ -53,13 +55,24 @@ class VertexAdapter(GeminiAdapter):
         name = quote(self.upstream_model(model), safe="")
         return f"{self._prefix}/publishers/google/models/{name}"
 
+    def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
+        """Probed with the token in use, once there is one (a probe fetches none)."""
+        if self.handles.peek(self._key) is None:
+            return None
+        return super().probe_request()
+
+    def probe_wire(self) -> Wire:
+        handle = self.handles.peek(self._key)
+        token = handle.token if handle is not None else ""
+        return Wire("", f"authorization: Bearer {token}\r\n".encode("latin-1"))
+
     def routed(
         self, call: OutboundCall, model: str, send: Callable[[Route | None], Awaitable[T]]
     ) -> Awaitable[T]:
         return self._with_token(send)
 
     async def _with_token(self, send: Callable[[Route | None], Awaitable[T]]) -> T:
-        key: Key = ("", self.upstream.id)  # one token serves every model of the deployment
+        key = self._key
         try:
             handle = await self.handles.get(key)
             try:

@@ -195,6 +195,9 @@ def _seen_headers(request: web.Request) -> dict[str, str]:
         value = request.headers.get(name)
         if value is not None:
             seen[name] = value if name == "x-amz-date" else mask_secret(value)
+    request_id = request.headers.get("x-request-id")
+    if request_id is not None:
+        seen["x-request-id"] = request_id
     return seen
 
 
