@@ -374,3 +374,31 @@ def test_an_open_cloud_deployment_is_probed_back_in_its_own_wire(
     recovered = time.monotonic()
     back = [when - recovered for when, who in drive(api, 2.0) if who == "a"]
     assert back and back[0] < 1.0, back
+
+
+@pytest.mark.parametrize("provider", ["gemini", "bedrock"])
+@pytest.mark.parametrize(
+    "fault",
+    ["429", "500", "503", "reset", "hang", "slow_first?delay=3", "stall?after=2",
+     "malformed?at=2", "cut?after=2", "no_done"],
+)  # fmt: skip
+def test_every_fault_of_a_cloud_deployment_is_healed(
+    stack: Stack, aws_env: None, provider: str, fault: str
+) -> None:
+    """Whatever the native deployment does wrong, the client gets the whole answer from the
+    group's other deployment, streamed or not."""
+    if fault in ("reset", "hang"):
+        spec = fault  # no answer at all
+    else:
+        spec = fault + ("&tokens=8" if "?" in fault else "?tokens=8")
+    broken = stack.sim(spec, name="broken")
+    healthy = stack.sim("ok?tokens=8", name="healthy")
+    native = _gemini(broken) if provider == "gemini" else _bedrock(broken)
+    models = [group("chat", native, deployment("ok", healthy, model="m"), strategy="ordered")]
+    api = routing_client(stack.gateway(config(*models)))
+    user: Any = [{"role": "user", "content": "hi"}]
+    stream = api.chat.completions.create(model="chat", messages=user, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == full_text(8)
+    reply = api.chat.completions.create(model="chat", messages=user)
+    assert reply.choices[0].message.content == full_text(8)
+    assert stack.attempts(broken), "the native deployment was never tried"

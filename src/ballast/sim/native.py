@@ -3,9 +3,10 @@
 A wire module parses its own request into a NativeCall and says how its answers, stream
 events and errors look; this module applies the behaviour menu the same way for each: error
 answers, reset, silence, latency and slow first token, and for streams a cut, a stall, a
-malformed event, a missing end, a corrupt frame (`bad_crc`). `expired_token` answers 401 to
-the first bearer token it sees and to that token ever after, as a remote does once a token
-has expired: a client that renews its token gets through."""
+malformed event, a stream never properly ended (`no_done`: every event, then the connection
+closes without the body's end) and a corrupt frame (`bad_crc`). `expired_token` answers 401
+to the first bearer token it sees and to that token ever after, as a remote does once a
+token has expired: a client that renews its token gets through."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ class Wire(Protocol):
         ...
 
     def closing(self, behaviour: Behaviour) -> int:
-        """How many events end the stream (left out under `no_done`)."""
+        """How many events end the stream, after the last token's."""
         ...
 
     def malformed(self) -> bytes: ...
@@ -142,8 +143,6 @@ async def _stream(
     events = wire.events(ids, answer, behaviour)
     first = wire.opening(behaviour)
     tokens = len(events) - first - wire.closing(behaviour)
-    if outcome == "no_done":
-        events = events[: len(events) - wire.closing(behaviour)]
     fault_at = first + min(behaviour.after, tokens)
     response = web.StreamResponse(headers={"Cache-Control": "no-cache"})
     response.content_type = wire.stream_type
