@@ -82,7 +82,7 @@ class AnthropicAdapter(Adapter):
     def continues(self, call: OutboundCall) -> bool:
         return True
 
-    def probe_wire(self) -> Wire:
+    def probe_wire(self, method: str, path: str, body: bytes | None) -> Wire:
         return Wire(self._target, self._headers)
 
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:

@@ -58,7 +58,7 @@ class AzureAdapter(Adapter):
                 self._wires[key] = wire
         return wire
 
-    def probe_wire(self) -> Wire:
+    def probe_wire(self, method: str, path: str, body: bytes | None) -> Wire:
         return Wire("", self._headers, own_auth=self._own_auth)
 
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:

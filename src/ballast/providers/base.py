@@ -145,9 +145,10 @@ class Adapter:
         """Run `send` with the route this call takes: None, the deployment's own URL and key."""
         return send(None)
 
-    def probe_wire(self) -> Wire | None:
-        """The header lines a probe goes with, for a provider with its own credential
-        header; None: the deployment's bearer token."""
+    def probe_wire(self, method: str, path: str, body: bytes | None) -> Wire | None:
+        """The header lines the probe `probe_request` named goes with, for a provider with
+        its own credential header (or a signature over the exact `body`); None: the
+        deployment's bearer token."""
         return None
 
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:

@@ -238,9 +238,13 @@ class Upstream:
         self, method: str, url: str, payload: Any | None = None, wire: Wire | None = None
     ) -> tuple[int, Any]:
         """A small control-plane call (create or release a remote resource, a probe) on the
-        same pool; a `wire` brings the provider's own header lines instead of the bearer."""
+        same pool; `payload` as JSON, or bytes sent as they are; a `wire` brings the
+        provider's own header lines instead of the bearer."""
         budget = self.timeouts.first_token
-        body = orjson.dumps(payload) if payload is not None else None
+        if isinstance(payload, bytes):
+            body: bytes | None = payload
+        else:
+            body = orjson.dumps(payload) if payload is not None else None
         if body is None and method in ("POST", "PUT", "PATCH"):
             body = b""
         extra = None if wire is None else wire.headers
