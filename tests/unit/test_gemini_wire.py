@@ -103,6 +103,35 @@ def test_a_conversation_with_a_tool_round_trip_is_said_as_gemini_contents() -> N
         types.Content.model_validate(content)
 
 
+def test_a_json_schema_is_said_in_geminis_subset() -> None:
+    strict = {
+        "type": "object",
+        "additionalProperties": False,
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "properties": {
+            "name": {"type": ["string", "null"], "description": "who"},
+            "tags": {"type": "array", "items": {"type": "string", "additionalProperties": False}},
+        },
+        "required": ["name"],
+    }
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "strict": True,
+                                                              "schema": strict}}  # fmt: skip
+    body = gemini_body({"messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": strict}}
+    ], "response_format": response_format})  # fmt: skip
+    expected = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "nullable": True, "description": "who"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["name"],
+    }
+    assert body["generationConfig"]["responseSchema"] == expected
+    assert body["tools"][0]["functionDeclarations"][0]["parameters"] == expected
+    types.Schema.model_validate(expected)  # the SDK's model of Gemini's Schema takes it
+
+
 def test_a_tool_result_without_its_call_is_the_clients_error() -> None:
     with pytest.raises(Failure) as caught:
         gemini_body({"messages": [{"role": "tool", "tool_call_id": "x", "content": "1"}]})

@@ -14,8 +14,6 @@ import logging
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-import orjson
-
 import ballast.providers.bedrock_answer as bedrock_answer
 from ballast.config import AwsSettings, Deployment
 from ballast.providers.base import AdapterContext, OutboundCall
@@ -123,10 +121,9 @@ class BedrockAdapter(NativeAdapter):
         return {"messages": [{"role": "user", "content": [{"text": "ping"}]}],
                 "inferenceConfig": {"maxTokens": 1}}  # fmt: skip
 
-    def probe_wire(self) -> Wire:
-        """Signed over the probe's own bytes (the probe sends them encoded as here)."""
-        model = self.deployment.model or ""
-        return Wire("", self._sign(self.probe_path(model), orjson.dumps(self.probe_body())))
+    def probe_wire(self, method: str, path: str, body: bytes | None) -> Wire:
+        """Signed over the probe's own bytes."""
+        return Wire("", self._sign(path, body or b""))
 
     def apply_prefill(self, call: OutboundCall, payload: dict[str, Any], text: str) -> None:
         """A final assistant turn to go on from (Claude on Bedrock continues one), without

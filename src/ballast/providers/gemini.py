@@ -81,7 +81,7 @@ class GeminiAdapter(NativeAdapter):
         ping = {"role": "user", "parts": [{"text": "ping"}]}
         return {"contents": [ping], "generationConfig": {"maxOutputTokens": 1}}
 
-    def probe_wire(self) -> Wire:
+    def probe_wire(self, method: str, path: str, body: bytes | None) -> Wire:
         return Wire("", self._auth)
 
     def model_path(self, model: str) -> str:

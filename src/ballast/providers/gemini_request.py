@@ -13,6 +13,15 @@ import orjson
 
 import ballast.providers.chat_shapes as cs
 
+# What Gemini's Schema (an OpenAPI 3.0 subset) knows; anything else in a JSON Schema
+# (additionalProperties, $schema, strict...) is refused by Gemini, so it is left out.
+_SCHEMA_KEYS = frozenset(
+    {"type", "format", "title", "description", "nullable", "enum", "items", "minItems",
+     "maxItems", "properties", "required", "minProperties", "maxProperties", "minLength",
+     "maxLength", "pattern", "minimum", "maximum", "anyOf", "propertyOrdering", "default",
+     "example"}
+)  # fmt: skip
+
 _CONFIG = (  # chat field -> generationConfig field, copied as they are
     ("temperature", "temperature"),
     ("top_p", "topP"),
@@ -109,7 +118,7 @@ def _tools(payload: dict[str, Any]) -> list[dict[str, Any]]:
         if function.get("description"):
             declaration["description"] = function["description"]
         if function.get("parameters"):
-            declaration["parameters"] = function["parameters"]
+            declaration["parameters"] = schema(function["parameters"])
         declarations.append(declaration)
     return [{"functionDeclarations": declarations}] if declarations else []
 
@@ -126,6 +135,31 @@ def _tool_config(choice: Any) -> dict[str, Any] | None:
     raise cs.bad_request("tool_choice must be auto, none, required or a named function")
 
 
+def schema(value: Any) -> Any:
+    """A JSON Schema said in Gemini's subset: unknown keys dropped, `type: [x, "null"]` as
+    `type: x, nullable: true`, recursively through properties, items and anyOf."""
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key not in _SCHEMA_KEYS:
+            continue
+        if key == "properties" and isinstance(item, dict):
+            out[key] = {name: schema(sub) for name, sub in item.items()}
+        elif key == "items":
+            out[key] = schema(item)
+        elif key == "anyOf" and isinstance(item, list):
+            out[key] = [schema(sub) for sub in item]
+        elif key == "type" and isinstance(item, list):
+            kinds = [k for k in item if k != "null"]
+            out["type"] = kinds[0] if len(kinds) == 1 else item
+            if "null" in item:
+                out["nullable"] = True
+        else:
+            out[key] = item
+    return out
+
+
 def _generation_config(payload: dict[str, Any]) -> dict[str, Any]:
     config = {theirs: payload[ours] for ours, theirs in _CONFIG if payload.get(ours) is not None}
     limit = cs.max_tokens(payload)
@@ -139,7 +173,7 @@ def _generation_config(payload: dict[str, Any]) -> dict[str, Any]:
         kind = response_format.get("type")
         if kind in ("json_object", "json_schema"):
             config["responseMimeType"] = "application/json"
-        schema = (response_format.get("json_schema") or {}).get("schema")
-        if kind == "json_schema" and isinstance(schema, dict):
-            config["responseSchema"] = schema
+        wanted = cs.obj(response_format.get("json_schema")).get("schema")
+        if kind == "json_schema" and isinstance(wanted, dict):
+            config["responseSchema"] = schema(wanted)
     return config

@@ -61,7 +61,7 @@ class VertexAdapter(GeminiAdapter):
             return None
         return super().probe_request()
 
-    def probe_wire(self) -> Wire:
+    def probe_wire(self, method: str, path: str, body: bytes | None) -> Wire:
         handle = self.handles.peek(self._key)
         token = handle.token if handle is not None else ""
         return Wire("", f"authorization: Bearer {token}\r\n".encode("latin-1"))
