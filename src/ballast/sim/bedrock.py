@@ -47,7 +47,7 @@ def event(name: str, payload: dict[str, Any]) -> bytes:
     return frame(headers, orjson.dumps({**payload, "p": "abcdefgh"}))  # AWS pads with `p`
 
 
-def _error_json(name: str, message: str) -> bytes:
+def _error_json(message: str) -> bytes:
     return orjson.dumps({"message": f"{message} (sim)"})
 
 
@@ -61,11 +61,11 @@ class BedrockWire:
         }
         if behaviour.name == "429" and behaviour.retry_after is not None:
             headers["Retry-After"] = format_retry_after(behaviour.retry_after)
-        return status, _error_json(name, message), headers
+        return status, _error_json(message), headers
 
     def bad_request(self, message: str) -> tuple[int, bytes, dict[str, str]]:
         headers = {"x-amzn-ErrorType": "ValidationException:http://internal.amazon.com/"}
-        return 400, _error_json("ValidationException", message), headers
+        return 400, _error_json(message), headers
 
     def whole(self, ids: Ids, answer: Answer, behaviour: Behaviour) -> bytes:
         stop = _stop(answer, behaviour)
@@ -172,7 +172,7 @@ async def _serve(request: web.Request, stream: bool) -> web.StreamResponse:
     auth = request.headers.get("authorization", "")
     if not auth.startswith("AWS4-HMAC-SHA256 ") or "x-amz-date" not in request.headers:
         headers = {"x-amzn-ErrorType": "MissingAuthenticationTokenException"}
-        body = _error_json("MissingAuthenticationTokenException", "Missing Authentication Token")
+        body = _error_json("Missing Authentication Token")
         return web.Response(status=403, body=body, content_type="application/json", headers=headers)
     credential = auth.partition("Credential=")[2].partition("/")[0] or None
     try:
