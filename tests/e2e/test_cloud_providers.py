@@ -402,3 +402,34 @@ def test_every_fault_of_a_cloud_deployment_is_healed(
     reply = api.chat.completions.create(model="chat", messages=user)
     assert reply.choices[0].message.content == full_text(8)
     assert stack.attempts(broken), "the native deployment was never tried"
+
+
+@pytest.mark.parametrize("provider", ["gemini", "bedrock"])
+def test_whole_answers_asked_as_whole_answers(stack: Stack, aws_env: None, provider: str) -> None:
+    """With answers_as_streams off, a whole answer is the provider's own whole answer
+    (generateContent, converse), translated; a tool call too."""
+    sim = stack.sim("ok?tokens=5")
+    native = _gemini(sim) if provider == "gemini" else _bedrock(sim)
+    gateway = stack.gateway(
+        {"routing": {"answers_as_streams": False}, "models": [group("chat", native)]}
+    )
+    client = _client(gateway.url)
+    reply = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "x"}]
+    )
+    assert reply.choices[0].message.content == full_text(5)
+    assert reply.usage is not None and reply.usage.total_tokens == reply.usage.prompt_tokens + 5
+    path = stack.attempts(sim)[-1]["path"]
+    assert path.endswith(":generateContent") or path.endswith("/converse")
+    stack.set_behaviour(sim, "ok?tokens=2&shape=tool")
+    reply = client.chat.completions.create(
+        model="chat",
+        messages=[{"role": "user", "content": "x"}],
+        tools=[TOOL],  # type: ignore[list-item]
+    )
+    (call,) = reply.choices[0].message.tool_calls or []
+    assert json.loads(call.function.arguments) == {"q": full_text(2)}  # type: ignore[union-attr]
+    stack.set_behaviour(sim, "malformed")
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == 502  # an answer that is not JSON: a bad response
