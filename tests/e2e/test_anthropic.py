@@ -295,3 +295,29 @@ def test_what_messages_cannot_say_goes_to_a_provider_that_can(stack: Stack) -> N
     with pytest.raises(openai.BadRequestError) as info:
         alone.chat.completions.create(model="chat", messages=audio)
     assert info.value.code == "unsupported_request" and "input_audio" in info.value.message
+
+
+@pytest.mark.parametrize("first", ["anthropic", "openai"])
+def test_an_error_event_mid_stream_is_continued_and_an_overload_cools(
+    stack: Stack, first: str
+) -> None:
+    """Anthropic's in-band overloaded_error (OpenAI's in-band error alike) after 20 tokens:
+    the stream is continued elsewhere into one whole answer, a whole answer asked for as a
+    stream fails over, and an overloaded deployment is cooled down."""
+    failing = stack.sim("error_event?after=20&tokens=60", name="failing")
+    whole = stack.sim("ok?tokens=60", name="whole")
+    if first == "anthropic":
+        deployments = [claude("failing", failing), deployment("whole", whole, model="gpt-sim")]
+    else:
+        deployments = [deployment("failing", failing, model="gpt-sim"), claude("whole", whole)]
+    api = client(gateway_for(stack, *deployments))
+    text = "".join(
+        c.choices[0].delta.content or ""
+        for c in api.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        if c.choices
+    )
+    assert text == full(60)
+    reply = api.chat.completions.create(model="chat", messages=MESSAGES)
+    assert reply.choices[0].message.content == full(60)
+    tried = len(stack.attempts(failing))
+    assert tried == (1 if first == "anthropic" else 2)  # the overload cooled it down

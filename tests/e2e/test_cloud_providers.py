@@ -380,7 +380,7 @@ def test_an_open_cloud_deployment_is_probed_back_in_its_own_wire(
 @pytest.mark.parametrize(
     "fault",
     ["429", "500", "503", "reset", "hang", "slow_first?delay=3", "stall?after=2",
-     "malformed?at=2", "cut?after=2", "no_done"],
+     "malformed?at=2", "cut?after=2", "no_done", "error_event?after=2"],
 )  # fmt: skip
 def test_every_fault_of_a_cloud_deployment_is_healed(
     stack: Stack, aws_env: None, provider: str, fault: str

@@ -81,3 +81,17 @@ def test_a_prefill_is_continued(client: anthropic.Anthropic) -> None:
     )
     assert message.content[0].type == "text"
     assert "tok1 " + message.content[0].text.lstrip() == TEXT[len("tok0 ") :]
+
+
+def test_an_error_event_mid_stream_is_an_sdk_error(client: anthropic.Anthropic) -> None:
+    text = ""
+    with pytest.raises(anthropic.APIStatusError, match="Overloaded"):
+        with client.messages.stream(
+            model="claude-sim",
+            max_tokens=64,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"x-sim-behaviour": "error_event?after=3"},
+        ) as stream:
+            for piece in stream.text_stream:
+                text += piece
+    assert text == "tok0 tok1 tok2 "

@@ -14,6 +14,7 @@ import pytest
 from botocore.config import Config
 from botocore.eventstream import ChecksumMismatch
 from botocore.exceptions import ClientError
+from botocore.exceptions import EventStreamError as BotoEventStreamError
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
@@ -260,3 +261,28 @@ async def test_an_unsigned_request_is_refused(sim: SimServer) -> None:
         async with http.post(url, json={"messages": USER}) as response:
             assert response.status == 403
             assert response.headers["x-amzn-ErrorType"] == "MissingAuthenticationTokenException"
+
+
+async def test_boto3_raises_a_mid_stream_exception(sim: SimServer, bedrock_env: None) -> None:
+    await _rule(sim, BEDROCK_MODEL, "error_event?after=2")
+    seen: list[str] = []
+
+    def read() -> None:
+        answer = _bedrock(sim).converse_stream(modelId=BEDROCK_MODEL, messages=USER)
+        seen.extend(next(iter(e)) for e in answer["stream"])
+
+    with pytest.raises(BotoEventStreamError) as caught:
+        await asyncio.to_thread(read)
+    assert caught.value.response["Error"]["Code"] == "serviceUnavailableException"
+    assert seen == ["messageStart", "contentBlockDelta", "contentBlockDelta"]
+
+
+async def test_genai_raises_a_mid_stream_error(sim: SimServer) -> None:
+    await _rule(sim, MODEL, "error_event?after=2")
+    stream = await _gemini(sim).aio.models.generate_content_stream(model=MODEL, contents="hi")
+    texts: list[str] = []
+    with pytest.raises(genai_errors.APIError) as caught:
+        async for chunk in stream:
+            texts.append(chunk.text or "")
+    assert caught.value.status == "UNAVAILABLE"
+    assert "".join(texts) == full_text(2)

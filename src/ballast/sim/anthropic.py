@@ -3,7 +3,8 @@ with the usual fault menu. The same behaviour specs as the OpenAI wire, in Anthr
 terms: `429` is a `rate_limit_error`, `500` an `api_error`, `503` the 529
 `overloaded_error`, `context_length` a "prompt is too long", `content_filter` an answer
 that stops with `refusal`; `malformed` breaks an event, `cut`/`stall` act after `after`
-text deltas, and `no_done` ends the stream without `message_stop`."""
+text deltas, `error_event` sends an `overloaded_error` event after `after` text deltas,
+and `no_done` ends the stream without `message_stop`."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ from ballast.sim.state import SIM_STATE, mask_secret
 BEHAVIOUR_HEADER = "x-sim-behaviour"
 _ERRORS = frozenset({"429", "500", "503", "context_length", "409", "401"})
 _STOP = {"stop": "end_turn", "length": "max_tokens"}
+_ERROR_EVENT = (
+    b"event: error\ndata: "
+    b'{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded (sim)"}}\n\n'
+)
 
 
 def error(
@@ -253,6 +258,10 @@ async def _stream(
         for index, event in enumerate(events):
             if outcome == "cut" and index == fault_at:
                 close(request)
+                return response
+            if outcome == "error_event" and index == fault_at:
+                await response.write(_ERROR_EVENT)
+                await response.write_eof()
                 return response
             wait = (
                 behaviour.first_token_delay

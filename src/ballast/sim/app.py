@@ -49,7 +49,11 @@ from ballast.sim.state import SIM_STATE, SimState, mask_secret
 BEHAVIOUR_HEADER = "x-sim-behaviour"
 ERROR_OUTCOMES = frozenset({"429", "500", "503", "context_length", "content_filter", "409", "401"})
 # Faults that only change a stream; a non-stream request under them is answered normally.
-STREAM_ONLY = frozenset({"no_done"})
+STREAM_ONLY = frozenset({"no_done", "error_event"})
+ERROR_EVENT = (
+    b'data: {"error": {"message": "The server is overloaded (sim).", "type": "server_error",'
+    b' "param": null, "code": "overloaded"}}\n\n'
+)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 HTML_PAGE = (
     b"<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway"
@@ -278,6 +282,10 @@ async def _stream(
         for index, event in enumerate(events):
             if index == cut_at:
                 _close(request)
+                return response
+            if outcome == "error_event" and index == fault_at:
+                await response.write(ERROR_EVENT)
+                await response.write_eof()
                 return response
             wait = behaviour.first_token_delay if index == 0 else behaviour.delay
             if index == 0 and behaviour.tail_p and random.random() < behaviour.tail_p:

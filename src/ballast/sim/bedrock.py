@@ -112,6 +112,14 @@ class BedrockWire:
     def malformed(self) -> bytes:
         return frame({":event-type": "contentBlockDelta", ":message-type": "event"}, b"{not json")
 
+    def error_event(self) -> bytes:
+        headers = {
+            ":message-type": "exception",
+            ":exception-type": "serviceUnavailableException",
+            ":content-type": "application/json",
+        }
+        return frame(headers, _error_json("The service is temporarily unavailable."))
+
     def corrupt(self, data: bytes) -> bytes:
         return data[:-4] + struct.pack(">I", zlib.crc32(data[:-4]) ^ 0xFFFFFFFF)
 

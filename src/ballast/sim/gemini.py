@@ -86,6 +86,10 @@ class GeminiWire:
     def corrupt(self, event: bytes) -> bytes:
         return event  # an SSE wire has no checksum to break
 
+    def error_event(self) -> bytes:
+        message = "The model is overloaded. Please try again later. (sim)"
+        return b"data: " + _error(503, "UNAVAILABLE", message) + b"\r\n\r\n"
+
 
 def _sse(data: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\r\n\r\n"

@@ -4,7 +4,8 @@ A wire module parses its own request into a NativeCall and says how its answers,
 events and errors look; this module applies the behaviour menu the same way for each: error
 answers, reset, silence, latency and slow first token, and for streams a cut, a stall, a
 malformed event, a stream never properly ended (`no_done`: every event, then the connection
-closes without the body's end) and a corrupt frame (`bad_crc`). `expired_token` answers 401
+closes without the body's end), an in-band error event (`error_event`) and a corrupt
+frame (`bad_crc`). `expired_token` answers 401
 to the first bearer token it sees and to that token ever after, as a remote does once a
 token has expired: a client that renews its token gets through."""
 
@@ -69,6 +70,9 @@ class Wire(Protocol):
 
     def malformed(self) -> bytes: ...
     def corrupt(self, event: bytes) -> bytes: ...
+    def error_event(self) -> bytes:
+        """The provider's own in-band error, sent mid-stream by `error_event`."""
+        ...
 
 
 async def handle(
@@ -121,7 +125,7 @@ def _outcome(rule: Rule, call: NativeCall) -> str:
     if behaviour.name == "expired_token":
         expired = _EXPIRED.setdefault(rule, call.token or "")
         return "401" if call.token == expired else "ok"
-    if behaviour.name in ("no_done", "bad_crc") and not call.stream:
+    if behaviour.name in ("no_done", "bad_crc", "error_event") and not call.stream:
         return "ok"
     return behaviour.name
 
@@ -151,6 +155,10 @@ async def _stream(
         for index, event in enumerate(events):
             if outcome == "cut" and index == fault_at:
                 _close(request)
+                return response
+            if outcome == "error_event" and index == fault_at:
+                await response.write(wire.error_event())
+                await response.write_eof()
                 return response
             wait = _wait(behaviour, outcome, index, fault_at)
             if wait > 0 and not await _pause(request, wait):
