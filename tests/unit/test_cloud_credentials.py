@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -182,3 +186,17 @@ async def test_a_vertex_401_renews_once_and_retries_once() -> None:
 
     assert await adapter.routed(_Call(), "chat", ok_on_fresh) == "t2"  # the renewed one is kept
     await adapter.close()
+
+
+def test_the_cloud_credential_libraries_load_only_for_a_deployment_that_needs_them() -> None:
+    """A gateway without Bedrock or Vertex deployments never imports botocore or google-auth
+    (their import costs start-up time and memory in every worker)."""
+    code = (
+        "import sys, ballast.app, ballast.providers, ballast.cli\n"
+        "loaded = [m for m in ('botocore', 'google.auth', 'google.oauth2') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()
