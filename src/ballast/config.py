@@ -126,7 +126,17 @@ PRESETS: dict[str, Preset] = {
     "cerebras": Preset("https://api.cerebras.ai/v1"),
     "nvidia": Preset("https://integrate.api.nvidia.com/v1"),
 }
-PresetName = Literal[
+# Every name `provider` takes: the native protocols, then the presets above.
+ProviderName = Literal[
+    "openai",
+    "vllm",
+    "sglang",
+    "actor",
+    "anthropic",
+    "azure",
+    "gemini",
+    "vertex",
+    "bedrock",
     "mistral",
     "groq",
     "deepseek",
@@ -198,11 +208,7 @@ class Deployment(_Strict):
     url: str
     api_key: SecretStr | None = None
     model: str | None = Field(None, description="upstream model name; unset forwards the client's")
-    provider: (
-        Literal["openai", "vllm", "sglang", "actor", "anthropic", "azure"]
-        | Literal["gemini", "vertex", "bedrock"]
-        | PresetName
-    ) = "openai"
+    provider: ProviderName = "openai"
     weight: float = Field(1.0, ge=0)
     timeouts: TimeoutOverrides = TimeoutOverrides()
     pool_size: int | None = Field(None, ge=1)

@@ -321,3 +321,23 @@ def test_an_error_event_mid_stream_is_continued_and_an_overload_cools(
     assert reply.choices[0].message.content == full(60)
     tried = len(stack.attempts(failing))
     assert tried == (1 if first == "anthropic" else 2)  # the overload cooled it down
+
+
+def test_with_extended_thinking_a_continuation_regenerates(stack: Stack) -> None:
+    """Messages refuses a bare-text prefill while thinking is on, so the Anthropic
+    deployment regenerates the answer and Ballast relays only what the client lacks."""
+    cut, whole = stack.sim("cut?after=20&tokens=60", name="cut"), stack.sim("ok?tokens=60")
+    api = client(gateway_for(stack, deployment("cut", cut, model="gpt-sim"), claude("w", whole)))
+    text = "".join(
+        c.choices[0].delta.content or ""
+        for c in api.chat.completions.create(
+            model="chat",
+            messages=MESSAGES,
+            stream=True,
+            extra_body={"thinking": {"type": "enabled", "budget_tokens": 1024}},
+        )
+        if c.choices
+    )
+    assert text == full(60)
+    (continued,) = stack.attempts(whole)
+    assert continued["prefill"] is False and continued["tokens"] == 60

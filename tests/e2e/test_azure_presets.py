@@ -123,3 +123,18 @@ def test_a_preset_fills_the_url_and_an_explicit_one_wins(stack: Stack) -> None:
     # Mistral refuses stream_options: it was left out, so the simulator sent no usage chunk.
     assert not any(c.usage for c in chunks)
     assert len(stack.attempts(sim)) == 1
+
+
+def test_every_preset_is_a_provider_name_and_an_unknown_one_is_named() -> None:
+    from typing import get_args
+
+    from ballast.config import PRESETS, ProviderName
+    from ballast.providers import ADAPTERS
+
+    assert set(PRESETS) <= set(get_args(ProviderName)) == set(ADAPTERS)
+    with pytest.raises(ConfigError) as info:
+        parse_settings(
+            {"models": [group("chat", {"id": "p", "provider": "nope", "url": "http://x"})]}
+        )
+    (error,) = info.value.errors
+    assert error.startswith("models[0].deployments[0].provider:") and "'mistral'" in error

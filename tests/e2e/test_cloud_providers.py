@@ -359,7 +359,10 @@ def test_an_open_cloud_deployment_is_probed_back_in_its_own_wire(
         native = _vertex(a, _service_account(tmp_path, a))
     native = {**native, "id": "a"}
     gateway = stack.gateway(
-        config(group("chat", native, deployment("b", b, model="m")), routing=PROBES)
+        config(
+            group("chat", native, deployment("b", b, model="m"), strategy="ordered"),
+            routing=PROBES,
+        )
     )
     api = routing_client(gateway)
     drive(api, 0.5)

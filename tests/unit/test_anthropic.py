@@ -287,3 +287,13 @@ def test_errors_are_classified(
     assert failure.kind is kind and failure.retry_after == 2.0 and failure.status == status
     error = orjson.loads(failure.body or b"")["error"]
     assert error["message"] == message and error["code"] == kind.code
+
+
+def test_the_text_before_an_error_event_is_given_before_the_error() -> None:
+    decoder = wire().decoder()
+    head = STREAM[: STREAM.index(b"event: content_block_stop")]
+    events = decoder.feed(head + _event("error", error={"type": "overloaded_error"}))
+    assert _replay(events).reasoning_text == "let me see"
+    with pytest.raises(Failure) as info:
+        decoder.finish()
+    assert info.value.kind is failures.OVERLOADED

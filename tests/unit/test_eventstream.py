@@ -161,3 +161,15 @@ def test_any_bytes_decode_or_raise_a_clear_error(data: bytes) -> None:
         decoder.feed(data)
     except EventStreamError:
         pass
+
+
+def test_good_frames_before_a_bad_one_come_out_first() -> None:
+    good = frame(EVENT, b"first")
+    bad = bytearray(frame(EVENT, b"second"))
+    bad[-1] ^= 0xFF
+    decoder = EventStreamDecoder()
+    assert [f.payload for f in decoder.feed(good + bytes(bad))] == [b"first"]
+    with pytest.raises(EventStreamError, match="message CRC"):
+        decoder.feed(b"")
+    with pytest.raises(EventStreamError):
+        decoder.feed(good)  # the framing is lost for good

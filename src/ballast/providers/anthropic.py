@@ -22,6 +22,11 @@ from ballast.upstream.http1 import header_lines
 _PING = {"role": "user", "content": "ping"}
 
 
+def _thinks(payload: dict[str, Any]) -> bool:
+    thinking = payload.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled")
+
+
 class AnthropicAdapter(Adapter):
     name: ClassVar[str] = "anthropic"
 
@@ -55,6 +60,8 @@ class AnthropicAdapter(Adapter):
                     payload.pop(key, None)
                 else:
                     payload[key] = value
+        if prefill is not None and _thinks(payload):
+            prefill = None  # see `continues`
         try:
             request = messages_request(
                 payload, self.upstream_model(model), self.options.max_tokens, prefill
@@ -74,13 +81,16 @@ class AnthropicAdapter(Adapter):
         options = call.edits.get("stream_options") or call.payload.get("stream_options")
         usage_wanted = isinstance(options, dict) and bool(options.get("include_usage"))
         created = int(self.context.clock.time())
-        trim = bool(prefill) and prefill != prefill.rstrip()  # type: ignore[union-attr]
+        trim = prefill is not None and prefill != prefill.rstrip()
+        trim = trim and not _thinks(call.payload)
         return AnthropicWire(
             self._target, self._headers, self.upstream_model(model), created, usage_wanted, trim
         )
 
     def continues(self, call: OutboundCall) -> bool:
-        return True
+        """Messages goes on from a prefill, except with extended thinking on (a final
+        assistant turn must then open with a thinking block): that answer is regenerated."""
+        return not _thinks(call.payload)
 
     def probe_wire(self, method: str, path: str, body: bytes | None) -> Wire:
         return Wire(self._target, self._headers)

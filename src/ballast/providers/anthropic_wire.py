@@ -197,6 +197,7 @@ class MessageStream:
     indexes become tool-call indexes in the order the tool_use blocks open."""
 
     __slots__ = (
+        "_failure",
         "_head",
         "_model",
         "_sse",
@@ -210,6 +211,7 @@ class MessageStream:
 
     def __init__(self, model: str, created: int, usage_wanted: bool, trim: bool = False) -> None:
         self._trim = trim
+        self._failure: Failure | None = None
         self._sse = SseSplitter()
         self._model = model
         self.created = created
@@ -220,15 +222,27 @@ class MessageStream:
         self._usage_wanted = usage_wanted
 
     def feed(self, data: bytes) -> list[bytes]:
-        out: list[bytes] = []
-        for event in self._sse.feed(data):
-            self._event(event, out)
-        return out
+        return self._events(self._sse.feed(data))
 
     def finish(self) -> list[bytes]:
+        return self._events(self._sse.finish())
+
+    def _events(self, events: list[bytes]) -> list[bytes]:
+        """Chat events for `events`. An error event after others is raised on the next
+        call, so the text before it still reaches the client."""
+        failure = self._failure
+        if failure is not None:
+            self._failure = None
+            raise failure
         out: list[bytes] = []
-        for event in self._sse.finish():
-            self._event(event, out)
+        for event in events:
+            try:
+                self._event(event, out)
+            except Failure as error:
+                if not out:
+                    raise
+                self._failure = error
+                break
         return out
 
     def _event(self, event: bytes, out: list[bytes]) -> None:

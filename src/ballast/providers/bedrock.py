@@ -19,7 +19,15 @@ from ballast.config import AwsSettings, Deployment
 from ballast.providers.base import AdapterContext, OutboundCall
 from ballast.providers.bedrock_answer import ConverseStream
 from ballast.providers.bedrock_request import converse_body
-from ballast.providers.native import ChatWire, Ids, NativeAdapter, closing, event, include_usage
+from ballast.providers.native import (
+    ChatWire,
+    Deferred,
+    Ids,
+    NativeAdapter,
+    closing,
+    event,
+    include_usage,
+)
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
@@ -36,24 +44,32 @@ _SIGNED = ("authorization", "x-amz-date", "x-amz-security-token")
 class BedrockDecoder:
     """Event-stream frames of ConverseStream, as chat SSE events."""
 
-    __slots__ = ("_frames", "_stream", "_usage")
+    __slots__ = ("_frames", "_held", "_stream", "_usage")
 
     def __init__(self, ids: Ids, usage: bool, trim: bool = False) -> None:
         self._frames = EventStreamDecoder()
         self._stream = ConverseStream(ids, trim)
         self._usage = usage
+        self._held = Deferred()
 
     def feed(self, data: bytes) -> list[bytes]:
+        return self._held.run(lambda out: self._decode(data, out))
+
+    def _decode(self, data: bytes, out: list[bytes]) -> None:
         try:
             frames = self._frames.feed(data)
         except EventStreamError as exc:
             raise Failure(failures.BAD_RESPONSE, str(exc)) from None
-        return [event(chunk) for frame in frames for chunk in self._stream.feed(frame)]
+        for frame in frames:
+            out += [event(chunk) for chunk in self._stream.feed(frame)]
 
     def finish(self) -> list[bytes]:
-        if self._frames.pending:
-            return []  # ended inside a frame: a cut
-        return closing(self._stream.finished, self._stream.end(self._usage))
+        def rest(out: list[bytes]) -> None:
+            self._decode(b"", out)  # a bad frame held back behind good ones is raised now
+            if not self._frames.pending:  # ended inside a frame: a cut, nothing owed
+                out += closing(self._stream.finished, self._stream.end(self._usage))
+
+        return self._held.run(rest)
 
 
 class BedrockWire(ChatWire):

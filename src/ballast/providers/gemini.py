@@ -13,7 +13,15 @@ from ballast.config import Deployment
 from ballast.providers.base import AdapterContext, OutboundCall
 from ballast.providers.gemini_answer import GeminiStream
 from ballast.providers.gemini_request import gemini_body
-from ballast.providers.native import ChatWire, Ids, NativeAdapter, closing, event, include_usage
+from ballast.providers.native import (
+    ChatWire,
+    Deferred,
+    Ids,
+    NativeAdapter,
+    closing,
+    event,
+    include_usage,
+)
 from ballast.providers.native import malformed as malformed_event
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
@@ -30,29 +38,34 @@ def _parse_error(
 class GeminiDecoder:
     """Gemini's SSE stream of whole GenerateContentResponses, as chat SSE events."""
 
-    __slots__ = ("_sse", "_stream", "_usage")
+    __slots__ = ("_held", "_sse", "_stream", "_usage")
 
     def __init__(self, ids: Ids, usage: bool) -> None:
         self._sse = SseSplitter()
         self._stream = GeminiStream(ids)
         self._usage = usage
+        self._held = Deferred()
 
     def feed(self, data: bytes) -> list[bytes]:
-        return [e for raw in self._sse.feed(data) for e in self._events(raw)]
+        return self._held.run(lambda out: self._decode(self._sse.feed(data), out))
 
     def finish(self) -> list[bytes]:
-        out = [e for raw in self._sse.finish() for e in self._events(raw)]
-        return out + closing(self._stream.finished, self._stream.end(self._usage))
+        def rest(out: list[bytes]) -> None:
+            self._decode(self._sse.finish(), out)
+            out += closing(self._stream.finished, self._stream.end(self._usage))
 
-    def _events(self, raw: bytes) -> list[bytes]:
-        data = event_data(raw)
-        if data is None:
-            return []
-        try:
-            payload = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise malformed_event("Gemini") from None
-        return [event(chunk) for chunk in self._stream.feed(payload)]
+        return self._held.run(rest)
+
+    def _decode(self, raws: list[bytes], out: list[bytes]) -> None:
+        for raw in raws:
+            data = event_data(raw)
+            if data is None:
+                continue
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                raise malformed_event("Gemini") from None
+            out += [event(chunk) for chunk in self._stream.feed(payload)]
 
 
 class GeminiWire(ChatWire):

@@ -111,6 +111,30 @@ class ChatWire(Wire):
         return failure
 
 
+class Deferred:
+    """An in-band error held back until the events decoded before it are out (the Decoder
+    contract: those are the client's). `run` decodes; a Failure after some events is kept
+    and raised by the next call."""
+
+    __slots__ = ("_failure",)
+
+    def __init__(self) -> None:
+        self._failure: Failure | None = None
+
+    def run(self, decode: Callable[[list[bytes]], None]) -> list[bytes]:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        out: list[bytes] = []
+        try:
+            decode(out)
+        except Failure as failure:
+            if not out:
+                raise
+            self._failure = failure
+        return out
+
+
 def closing(finished: bool, rest: Chunks) -> list[bytes]:
     """What ends a finished stream: its last chunks and [DONE]."""
     return [*(event(c) for c in rest), DONE] if finished else []

@@ -174,31 +174,56 @@ def _events(
     return out, first
 
 
-async def messages(request: web.Request) -> web.StreamResponse:
-    state = request.app[SIM_STATE]
-    key = request.headers.get("x-api-key")
-    spec = request.headers.get(BEHAVIOUR_HEADER)
-    headers = {"x-api-key": mask_secret(key)} if key else {}
-    if request.headers.get("authorization"):
-        headers["authorization"] = mask_secret(request.headers["authorization"])
-    if not key and not request.headers.get("authorization", "").startswith("Bearer "):
+def _selected_headers(request: web.Request) -> dict[str, str]:
+    """What the log keeps of a request's headers: its credentials masked, its id."""
+    selected: dict[str, str] = {}
+    for name in ("x-api-key", "authorization"):
+        value = request.headers.get(name)
+        if value:
+            selected[name] = mask_secret(value)
+    request_id = request.headers.get("x-request-id")
+    if request_id is not None:
+        selected["x-request-id"] = request_id
+    return selected
+
+
+def _refusal(request: web.Request) -> web.Response | None:
+    """Anthropic's answer to a request without its credential or version header."""
+    bearer = request.headers.get("authorization", "").startswith("Bearer ")
+    if not request.headers.get("x-api-key") and not bearer:
         return error(401, "authentication_error", "x-api-key header is required (sim)")
     if not request.headers.get("anthropic-version"):
         return error(400, "invalid_request_error", "anthropic-version header is required (sim)")
+    return None
+
+
+def _read(raw: bytes) -> tuple[dict[str, Any], str, int]:
+    """The body, its model and its max_tokens; ValueError naming what is wrong."""
+    body = orjson.loads(raw)
+    if not isinstance(body, dict):
+        raise ValueError("the body must be an object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ValueError("model: field required")
+    limit = body.get("max_tokens")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ValueError("max_tokens: field required")
+    return body, model, limit
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    state = request.app[SIM_STATE]
+    spec = request.headers.get(BEHAVIOUR_HEADER)
+    headers = _selected_headers(request)
+    refusal = _refusal(request)
+    if refusal is not None:
+        return refusal
     try:
-        body = orjson.loads(await request.read())
-        if not isinstance(body, dict):
-            raise ValueError("the body must be an object")
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise ValueError("model: field required")
-        limit = body.get("max_tokens")
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError("max_tokens: field required")
+        body, model, limit = _read(await request.read())
         rule = state.select(model, spec)
         behaviour = rule.behaviour
         answer = chat_answer(_messages(body), behaviour.tokens, limit)
-    except (ValueError, orjson.JSONDecodeError) as exc:
+    except ValueError as exc:  # orjson's JSONDecodeError is one
         state.record(model=None, path=request.path, behaviour=spec, outcome="bad_request",
                      stream=False, prefill=False, headers=headers)  # fmt: skip
         return error(400, "invalid_request_error", f"{exc} (sim)")

@@ -24,7 +24,8 @@ from ballast.upstream.sse import SseSplitter
 class Decoder(Protocol):
     """Turns a provider's stream, as raw bytes in any chunking, into whole chat SSE events
     (each `data: {...}` without its blank-line terminator). It raises a Failure for an
-    in-band error the provider sends mid-stream."""
+    in-band error the provider sends mid-stream, once it has returned every event before
+    that error (those are the client's)."""
 
     def feed(self, data: bytes) -> list[bytes]: ...
 

@@ -40,25 +40,38 @@ class Frame:
 class EventStreamDecoder:
     """Cuts a byte stream into checked frames; keeps at most one partial frame buffered."""
 
-    __slots__ = ("_buffer", "_max_frame", "_need")
+    __slots__ = ("_buffer", "_error", "_max_frame", "_need")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self._buffer = bytearray()
         self._max_frame = max_frame_bytes
         self._need = 0  # total length of the frame being assembled, once its prelude is read
+        self._error: EventStreamError | None = None
 
     def feed(self, data: bytes) -> list[Frame]:
-        """The frames completed by `data`. Raises EventStreamError on the first bad one;
-        the decoder is unusable after that (the stream has lost its framing)."""
+        """The frames completed by `data`. A bad frame raises EventStreamError, after the
+        good frames before it: those come back first and the next call raises. The stream
+        has lost its framing then, so every later call raises too."""
+        if self._error is not None:
+            raise self._error
         self._buffer += data
         frames: list[Frame] = []
+        try:
+            self._frames(frames)
+        except EventStreamError as error:
+            self._error = error
+            if not frames:
+                raise
+        return frames
+
+    def _frames(self, frames: list[Frame]) -> None:
         while True:
             if not self._need:
                 if len(self._buffer) < PRELUDE_BYTES:
-                    return frames
+                    return
                 self._need = self._prelude()
             if len(self._buffer) < self._need:
-                return frames
+                return
             frame = bytes(self._buffer[: self._need])
             del self._buffer[: self._need]
             self._need = 0

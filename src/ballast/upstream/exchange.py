@@ -146,6 +146,7 @@ class UpstreamStream:
         self._inter_chunk = upstream.timeouts.inter_chunk
         self._closed = False
         self._eof = False
+        self._failure: Failure | None = None
         self.until = math.inf  # monotonic: the attempt's deadline bounds the whole stream
 
     @property
@@ -162,6 +163,9 @@ class UpstreamStream:
         The wait for it runs on one clock: the inter-chunk timeout, restarted by every event
         (a comment too: the upstream is alive), or `deadline` (the clock's monotonic time)
         when given, e.g. for the first token."""
+        if self._failure is not None:  # an in-band error, after the events before it
+            failure, self._failure = self._failure, None
+            raise failure
         if self._eof:
             return []
         content = self.response
@@ -204,7 +208,16 @@ class UpstreamStream:
                 failure.deployment = self.upstream.id
                 raise
             for event in events:
-                if self._take(event):
+                try:
+                    taken = self._take(event)
+                except Failure as failure:
+                    if not out:
+                        raise
+                    # What came before the error reaches the client first: the stream's
+                    # state already counts it as sent.
+                    self._failure = failure
+                    return out
+                if taken:
                     out.append(event + b"\n\n")
                 if self.state.done:
                     self._eof = True
