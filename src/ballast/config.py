@@ -364,7 +364,8 @@ class Deployment(_Strict):
             if data.get("provider") == "bedrock":
                 return {**data, "url": f"https://bedrock-runtime.{place}.amazonaws.com"}
             if data.get("provider") == "vertex":
-                return {**data, "url": f"https://{place}-aiplatform.googleapis.com"}
+                host = "aiplatform" if place == "global" else f"{place}-aiplatform"
+                return {**data, "url": f"https://{host}.googleapis.com"}
         return data
 
     @model_validator(mode="after")

@@ -269,6 +269,8 @@ def test_cloud_urls_follow_from_region_and_location() -> None:
         {"id": "v", "provider": "vertex", "model": "m",
          "google": {"project": "p", "location": "europe-west4"}},
         {"id": "g", "provider": "gemini", "model": "m", "api_key": "k"},
+        {"id": "vg", "provider": "vertex", "model": "m",
+         "google": {"project": "p", "location": "global"}},
         {"id": "own", "provider": "bedrock", "model": "m", "url": "http://127.0.0.1:9",
          "aws": {"region": "eu-west-1"}},
     ]  # fmt: skip
@@ -277,6 +279,7 @@ def test_cloud_urls_follow_from_region_and_location() -> None:
         "https://bedrock-runtime.eu-west-1.amazonaws.com",
         "https://europe-west4-aiplatform.googleapis.com",
         "https://generativelanguage.googleapis.com",
+        "https://aiplatform.googleapis.com",
         "http://127.0.0.1:9",
     ]
 
