@@ -153,3 +153,33 @@ def test_a_whole_tool_call_answer_is_put_back_together(stack: Stack) -> None:
     assert reply.usage is not None and reply.usage.total_tokens > 0
     (sent,) = stack.attempts(a)
     assert sent["stream"] is True  # asked for as a stream, answered whole
+
+
+def test_a_deployment_can_take_whole_answers_whole(stack: Stack) -> None:
+    a = stack.sim("ok?tokens=3", name="a")
+    gateway = stack.gateway(config(group("chat", deployment("a", a, answers_as_streams=False))))
+    reply = client(gateway).chat.completions.create(model="chat", messages=MESSAGES)
+    assert reply.choices[0].message.content == "tok0 tok1 tok2 "
+    (sent,) = stack.attempts(a)
+    assert sent["stream"] is False  # its own setting wins over routing's default
+
+
+def test_a_silent_whole_answer_leaves_time_for_a_failover(stack: Stack) -> None:
+    """Not guarded by the stream clocks, an attempt gets only its share of the time left."""
+    a = stack.sim("hang", name="a")
+    b = stack.sim("ok?tokens=2", name="b")
+    gateway = stack.gateway(
+        config(
+            ordered(
+                "chat",
+                deployment("a", a, answers_as_streams=False),
+                deployment("b", b, answers_as_streams=False),
+            ),
+            timeouts={"answer": 300, "request": 4},
+        )
+    )
+    started = time.monotonic()
+    reply = client(gateway).chat.completions.create(model="chat", messages=MESSAGES)
+    took = time.monotonic() - started
+    assert reply.system_fingerprint == "sim:b"
+    assert 1.5 <= took < 3.5, took  # half of the 4 s went to a, then b answered
