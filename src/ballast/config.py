@@ -300,6 +300,12 @@ class BreakerSettings(_Strict):
     max_probe_interval: float = Field(
         10.0, gt=0, description="failed background probes back off up to this interval"
     )
+    probe_backoff_after: float = Field(
+        30.0,
+        ge=0,
+        description="probes keep to probe_interval for this long into an outage before"
+        " backing off, so a short outage is noticed to end within an interval",
+    )
 
 
 class RoutingSettings(_Strict):
