@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ballast.api.messages.answer import message_body, usage_of
 from ballast.api.messages.errors import passthrough, render
@@ -410,3 +412,90 @@ def test_malformed_chunks_and_comments_after_the_start_are_skipped() -> None:
     )
     assert "ping" not in [e["type"] for e in out]
     assert [e["delta"]["text"] for e in out if e["type"] == "content_block_delta"] == ["a"]
+
+
+# -- hostile input, fuzzed ---------------------------------------------------------------
+
+FAST = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+leaves = st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=6)
+json_values = st.recursive(
+    leaves,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["type", "text", "source", "content", "id", "name", "input", "role"]),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=15,
+)
+block_types = st.sampled_from(["text", "image", "tool_use", "tool_result", "thinking", "x"])
+blocks = st.fixed_dictionaries({"type": block_types}, optional={"text": json_values})
+messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "x"])},
+        optional={"content": st.text(max_size=5) | st.lists(blocks | json_values, max_size=3)},
+    ),
+    max_size=3,
+)
+TOP = ["system", "tools", "tool_choice", "stop_sequences", "metadata", "stream", "max_tokens"]
+
+
+@FAST
+@given(messages, st.dictionaries(st.sampled_from(TOP), json_values, max_size=4))
+def test_any_messages_body_translates_or_is_a_400(given_messages: Any, extra: Any) -> None:
+    body = orjson.dumps({**BASE, "messages": given_messages, **extra})
+    try:
+        ctx = MESSAGES.parse("/chat/completions", body)
+    except ApiError as error:
+        assert error.status == 400 and error.param
+        return
+    assert orjson.loads(ctx.raw)["model"] == "claude"
+
+
+deltas = st.fixed_dictionaries(
+    {},
+    optional={
+        "content": st.text(max_size=4) | st.none(),
+        "reasoning_content": st.text(max_size=4),
+        "tool_calls": st.lists(
+            st.fixed_dictionaries(
+                {"index": st.integers(0, 2)},
+                optional={
+                    "id": st.text(max_size=3),
+                    "function": st.fixed_dictionaries(
+                        {}, optional={"name": st.text(max_size=3), "arguments": st.text(max_size=4)}
+                    ),
+                },
+            ),
+            max_size=2,
+        ),
+    },
+)
+chat_events = st.one_of(
+    st.builds(lambda d, f: chunk(d, f), deltas, st.sampled_from([None, None, "stop", "length"])),
+    st.just(DONE),
+    st.just(b": keep-alive\n\n"),
+    st.binary(max_size=20).map(lambda b: b"data: " + b + b"\n\n"),
+)
+
+
+@FAST
+@given(st.lists(chat_events, max_size=12))
+def test_any_chat_stream_gives_well_formed_events_ending_once(pieces: list[bytes]) -> None:
+    stream = MessagesStream("claude", None, 1)
+    out = events(b"".join(stream.feed(p) for p in pieces) + stream.finish())
+    kinds = [e["type"] for e in out]
+    assert stream.state is State.ENDED
+    assert kinds[-1] in ("message_stop", "error")  # one end, whatever came
+    assert kinds.count("message_stop") + kinds.count("error") == 1
+    open_block = None
+    for event in out:
+        if event["type"] == "content_block_start":
+            assert open_block is None
+            open_block = event["index"]
+        elif event["type"] == "content_block_stop":
+            assert event["index"] == open_block
+            open_block = None
+    assert open_block is None or kinds[-1] == "error"
