@@ -14,7 +14,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from tests.stack import Gateway, SimServer, Stack, deployment, group
+from tests.stack import Gateway, SimServer, Stack, deployment, group, wait_for
 
 HI: list[Any] = [{"role": "user", "content": "hello there"}]
 TOOLS: list[Any] = [
@@ -363,3 +363,22 @@ def test_allowlists_and_rate_limits_answer_in_anthropic_shape(keyed: Gateway) ->
         api.messages.create(model="claude", max_tokens=5, messages=HI)
     assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
     assert int(limited.value.response.headers["retry-after"]) >= 1
+
+
+def metric(gateway: Gateway, line_start: str) -> float:
+    with urllib.request.urlopen(gateway.url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_requests_are_counted_by_shape(gateway: Gateway) -> None:
+    client(gateway).messages.create(model="claude", max_tokens=2, messages=HI)
+    with client(gateway).messages.stream(model="claude", max_tokens=2, messages=HI) as stream:
+        stream.get_final_message()
+    anthropic_ok = 'ballast_requests_by_shape_total{outcome="ok",shape="anthropic"}'
+    wait_for(lambda: metric(gateway, anthropic_ok) == 2)
+    openai_ok = 'ballast_requests_by_shape_total{outcome="ok",shape="openai"}'
+    assert metric(gateway, openai_ok) == 0

@@ -14,8 +14,9 @@ from urllib.parse import urlsplit
 import anthropic
 import pytest
 
+from tests.e2e.test_messages import metric
 from tests.e2e.test_routing import config, full, ordered
-from tests.stack import Gateway, Stack, deployment, group
+from tests.stack import Gateway, Stack, deployment, group, wait_for
 
 HI: list[Any] = [{"role": "user", "content": "hi"}]
 
@@ -105,6 +106,9 @@ def test_a_broken_stream_nothing_can_continue_ends_with_an_error_event(
     label = "inter_chunk_timeout" if fault.startswith("stall") else "stream_cut"
     assert label in body["error"]["message"]
     assert body["error"]["type"] == ("timeout_error" if fault.startswith("stall") else "api_error")
+    # Counted as a stream that ended in an error, under this shape.
+    errored = 'ballast_requests_by_shape_total{outcome="stream_error",shape="anthropic"}'
+    wait_for(lambda: metric(gateway, errored) == 1)
     # The gateway is fine afterwards.
     stack.set_behaviour(a, "ok?tokens=60")
     whole(*streamed(gateway), 60)

@@ -182,7 +182,7 @@ class Observer:
         else:
             outcome = "failed"
         ttft = trace.first - trace.started if trace.first else None
-        self.metrics.request(model, deployment, status, outcome, latency, ttft, attempts)
+        self.metrics.request(model, deployment, status, outcome, latency, ttft, attempts, shape)
         if deployment != "none":
             self.traffic.add(deployment)
         if access_logged():
