@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -186,3 +187,30 @@ def test_a_failure_after_keep_alive_started_is_an_error_event(stack: Stack) -> N
     error = json.loads(events[-1].split(b"data: ", 1)[1])
     assert error["type"] == "error" and error["error"]["type"] in ("timeout_error", "api_error")
     assert b"message_stop" not in data
+
+
+def test_a_gateway_at_capacity_sheds_with_an_overloaded_error(stack: Stack) -> None:
+    a = stack.sim("ok?tokens=2&latency=1.5", name="a")
+    slow = {"first_token": 5, "answer": 5}
+    gateway = stack.gateway(
+        {**config(group("chat", deployment("a", a)), timeouts=slow), "server": {"max_in_flight": 1}}
+    )
+    answered: list[Any] = []
+    busy = threading.Thread(target=lambda: answered.append(create(gateway)))
+    busy.start()
+    try:
+        wait_for(lambda: len(stack.attempts(a)) == 1)  # the one slot is taken
+        with pytest.raises(anthropic.APIStatusError) as info:
+            create(gateway)
+    finally:
+        busy.join(10)
+    assert info.value.status_code == 529  # Anthropic's overloaded status, not a 503
+    assert info.value.body == {
+        "type": "error",
+        "error": {
+            "type": "overloaded_error",
+            "message": "Ballast is at capacity right now; retry shortly.",
+        },
+    }
+    assert info.value.response.headers["retry-after"] == "1"
+    assert answered[0].content[0].text == full(2)  # the request in the slot was served
