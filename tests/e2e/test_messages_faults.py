@@ -74,17 +74,20 @@ def test_a_silent_deployment_is_replaced_streamed_and_not(stack: Stack) -> None:
 
 
 @pytest.mark.parametrize("fault", ["stall?after=20&seconds=60&tokens=60", "cut?after=40&tokens=60"])
-def test_a_broken_stream_is_continued_into_one_whole_message(stack: Stack, fault: str) -> None:
+@pytest.mark.parametrize("prefill", [True, False], ids=["prefill", "regenerate"])
+def test_a_broken_stream_is_continued_into_one_whole_message(
+    stack: Stack, fault: str, prefill: bool
+) -> None:
     a = stack.sim(fault, name="a")
     b = stack.sim("ok?tokens=60", name="b")
     gateway = stack.gateway(
-        config(ordered("chat", deployment("a", a), deployment("b", b, supports_prefill=True)))
+        config(ordered("chat", deployment("a", a), deployment("b", b, supports_prefill=prefill)))
     )
     text, kinds, final = streamed(gateway)
     whole(text, kinds, final, 60)  # no repeated or missing token, one message
     assert kinds.count("content_block_start") == 1
     (continued,) = stack.attempts(b)
-    assert continued["prefill"] is True
+    assert continued["prefill"] is prefill
 
 
 @pytest.mark.parametrize("fault", ["stall?after=20&seconds=60&tokens=60", "cut?after=40&tokens=60"])
@@ -214,3 +217,23 @@ def test_a_gateway_at_capacity_sheds_with_an_overloaded_error(stack: Stack) -> N
     }
     assert info.value.response.headers["retry-after"] == "1"
     assert answered[0].content[0].text == full(2)  # the request in the slot was served
+
+
+def test_a_tool_call_cut_mid_arguments_is_continued_into_one_tool_use_block(
+    stack: Stack,
+) -> None:
+    a = stack.sim("cut?after=4&tokens=10&shape=tool", name="a")
+    b = stack.sim("ok?tokens=10&shape=tool", name="b")
+    gateway = stack.gateway(config(ordered("chat", deployment("a", a), deployment("b", b))))
+    tools: list[Any] = [{"name": "lookup", "input_schema": {"type": "object"}}]
+    with client(gateway).messages.stream(
+        model="chat", max_tokens=100, messages=HI, tools=tools
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    (call,) = final.content
+    assert call.type == "tool_use" and call.name == "lookup"
+    assert call.input == {"q": full(10)}  # every argument piece once, in order
+    assert final.stop_reason == "tool_use"
+    assert kinds.count("content_block_start") == 1 and kinds[-1] == "message_stop"
+    assert len(stack.attempts(b)) == 1
