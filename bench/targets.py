@@ -32,6 +32,7 @@ ALL_TARGETS = (
     "ballast+keys+redis",
     "ballast-2w",
     "ballast-assemble",
+    "ballast-messages",
     "ballast-granian",
     "litellm",
 )
@@ -53,6 +54,7 @@ class Target:
     unavailable: str = ""
     note: str = ""
     key: str = "sk-bench"  # sent as the bearer token
+    shape: str = "openai"  # the inbound API its requests speak (load.SCRIPTS)
 
     @property
     def ok(self) -> bool:
@@ -258,6 +260,18 @@ def _serve(
         return Target(name, unavailable=f"smoke request failed: {problem}")
     url = base + nginx.NON_STREAM_PATH
     return Target(name, url=url, stream_url=url, pid=proc.pid, note=note, key=key)
+
+
+def ballast_messages(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
+    """Ballast as above, loaded through the Anthropic Messages shape (`/v1/messages`, whole
+    answers and streams translated from and to the same chat upstream): what the shape's
+    translation costs against the chat path."""
+    target = ballast(procs, workdir, upstream, name="ballast-messages")
+    if target.ok:
+        target.url = target.stream_url = target.url.replace(nginx.NON_STREAM_PATH, "/v1/messages")
+        target.shape = "messages"
+        target.note = "1 worker, Anthropic Messages in, chat upstream out"
+    return target
 
 
 def ballast_granian(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:

@@ -53,6 +53,7 @@ class RequestStats:
         self.counts: dict[tuple[str, str, str, str], int] = {}
         self.timings: dict[tuple[str, str], _Timing] = {}
         self.attempts: dict[str, int] = {}
+        self.shapes: dict[tuple[str, str], int] = {}  # (inbound API shape, outcome)
         self.changed = False
 
     def record(
@@ -64,8 +65,11 @@ class RequestStats:
         latency: float,
         ttft: float | None,
         attempts: int,
+        shape: str = "openai",
     ) -> None:
         key = (model, deployment, str(status), outcome)
+        by_shape = (shape, outcome)
+        self.shapes[by_shape] = self.shapes.get(by_shape, 0) + 1
         counts = self.counts
         counts[key] = counts.get(key, 0) + 1
         timing = self.timings.get((model, deployment))
@@ -94,6 +98,8 @@ class RequestStats:
             mine.ttft_sum += theirs.ttft_sum
         for model, n in other.attempts.items():
             self.attempts[model] = self.attempts.get(model, 0) + n
+        for pair, n in other.shapes.items():
+            self.shapes[pair] = self.shapes.get(pair, 0) + n
 
     def dumps(self) -> bytes:
         return orjson.dumps(
@@ -104,6 +110,7 @@ class RequestStats:
                     for key, t in self.timings.items()
                 ],
                 "attempts": self.attempts,
+                "shapes": [[*key, n] for key, n in self.shapes.items()],
             }
         )
 
@@ -125,6 +132,8 @@ class RequestStats:
                 timing.ttft_sum = float(ttft_sum)
                 stats.timings[(str(model), str(dep))] = timing
             stats.attempts = {str(k): int(v) for k, v in raw["attempts"].items()}
+            for shape, outcome, n in raw.get("shapes", ()):  # absent in older snapshots
+                stats.shapes[(str(shape), str(outcome))] = int(n)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a request stats snapshot: {exc}") from None
         return stats
@@ -174,7 +183,14 @@ class StatsCollector(Collector):
         )
         for model, n in sorted(stats.attempts.items()):
             attempts.add_metric([model], float(n))
-        yield from (requests, latency, ttft, attempts)
+        shapes = CounterMetricFamily(
+            "ballast_requests_by_shape",
+            "Client requests by the inbound API they spoke (openai, anthropic) and outcome.",
+            labels=["shape", "outcome"],
+        )
+        for pair, n in sorted(stats.shapes.items()):
+            shapes.add_metric(list(pair), float(n))
+        yield from (requests, latency, ttft, attempts, shapes)
 
 
 class Snapshots:
