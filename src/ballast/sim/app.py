@@ -19,7 +19,6 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ballast.sim import responses
 from ballast.sim.admin import add_admin_routes, invalid_request, json_response
 from ballast.sim.answer import (
     Answer,
@@ -40,6 +39,8 @@ from ballast.sim.bodies import (
     stream_events,
 )
 from ballast.sim.jobs import add_job_routes
+from ballast.sim.responses import BadInput, max_output_tokens, messages_of, response_body
+from ballast.sim.responses import stream_events as response_events
 from ballast.sim.state import SIM_STATE, SimState, mask_secret
 
 BEHAVIOUR_HEADER = "x-sim-behaviour"
@@ -151,9 +152,9 @@ async def _read_body(request: web.Request) -> dict[str, Any]:
 def _answer_for(kind: str, body: dict[str, Any], tokens: int) -> Answer:
     if kind == "responses":
         try:
-            cap = responses.max_output_tokens(body)
-            return chat_answer(responses.messages_of(body), tokens, cap)
-        except responses.BadInput as exc:
+            cap = max_output_tokens(body)
+            return chat_answer(messages_of(body), tokens, cap)
+        except BadInput as exc:
             raise _BadRequest(str(exc), exc.param) from None
     if kind == "chat":
         messages = body.get("messages")
@@ -239,9 +240,9 @@ async def _endpoint(request: web.Request, kind: str) -> web.StreamResponse:
     assert answer is not None
     if kind == "responses":
         if not stream:
-            full = responses.response_body(ids, body, answer, shape)
+            full = response_body(ids, body, answer, shape)
             return await _plain(request, entry, outcome, full, answer.completion_tokens)
-        events, first = responses.stream_events(ids, body, answer, shape)
+        events, first = response_events(ids, body, answer, shape)
         return await _stream(request, entry, behaviour, outcome, events, answer, first, b"")
     if not stream:
         full = chat_body(ids, answer, shape) if kind == "chat" else completion_body(ids, answer)
