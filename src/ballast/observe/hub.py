@@ -20,7 +20,8 @@ from ballast.types import Message, Send
 NOTABLE = frozenset(
     {"failover", "breaker", "heal", "continuation", "hedge", "fallback", "cooldown", "reload"}
 )
-_ERROR_EVENT = b'data: {"error"'
+# The event that ends a broken stream: OpenAI's, and the typed one of other shapes.
+_ERROR_EVENTS = (b'data: {"error"', b"event: error\n")
 
 
 class Trace:
@@ -59,7 +60,7 @@ class Trace:
                 body = message.get("body", b"")
                 if not self.first and body:
                     self.first = self._now()
-                elif body.startswith(_ERROR_EVENT):
+                elif body.startswith(_ERROR_EVENTS):
                     self.stream_error = True
         elif kind == "http.response.start":
             self.status = message["status"]
@@ -156,8 +157,10 @@ class Observer:
         deployment = trace.deployment
         attempts = 0
         stream = False
+        shape = "openai"
         if request is not None:
             stream = request.stream
+            shape = request.shape
             group = request.group
             if group is not None:
                 model = group.name
@@ -187,6 +190,7 @@ class Observer:
                 {
                     "request_id": trace.request_id,
                     "path": path,
+                    "shape": shape,
                     "model": model,
                     "deployment": deployment,
                     "stream": stream,

@@ -36,6 +36,7 @@ class RequestContext:
     model: str
     stream: bool
     request_id: str | None = None
+    shape: str = "openai"  # the inbound API shape the client spoke (logs and metrics)
     fallbacks: tuple[str, ...] = ()
     authorization: bytes | None = None  # the client's Authorization header, as sent
     edits: dict[str, Any] = field(default_factory=dict)
