@@ -234,6 +234,8 @@ async def _endpoint(request: web.Request, kind: str) -> web.StreamResponse:
     ids = Ids(state.next_id(), int(time.time()), model, state.name)
     # A tool-calling model answers in text once its tool's result is back.
     shape = "text" if behaviour.shape == "tool" and _tool_result_last(body) else behaviour.shape
+    if shape == "text" and _wants_json(body):
+        shape = "json"  # asked for JSON output: the answer is the object {"q": ...}
     if kind == "embeddings":
         encoding = "base64" if body.get("encoding_format") == "base64" else "float"
         return await _plain(request, entry, outcome, embeddings_body(ids, texts, encoding), 0)
@@ -253,6 +255,14 @@ async def _endpoint(request: web.Request, kind: str) -> web.StreamResponse:
         ids, answer, chat=kind == "chat", include_usage=include_usage, shape=shape
     )
     return await _stream(request, entry, behaviour, outcome, events, answer, int(kind == "chat"))
+
+
+def _wants_json(body: dict[str, Any]) -> bool:
+    given = body.get("response_format")
+    text = body.get("text")
+    if given is None and isinstance(text, dict):
+        given = text.get("format")  # the Responses wire's place for it
+    return isinstance(given, dict) and given.get("type") in ("json_schema", "json_object")
 
 
 def _tool_result_last(body: dict[str, Any]) -> bool:

@@ -103,7 +103,7 @@ def _item(ids: Ids, shape: str, text: str, status: str) -> dict[str, Any]:
     if shape == "reasoning":
         content = [{"type": "reasoning_text", "text": text}] if status != "in_progress" else []
         return {"id": f"rs_sim{ids.number}", "type": "reasoning", "summary": [], "content": content}
-    content = [_text_part(text)] if status != "in_progress" else []
+    content = [_text_part(text)] if status != "in_progress" else []  # text and json
     return {
         "id": f"msg_sim{ids.number}",
         "type": "message",
@@ -118,7 +118,8 @@ def _text_part(text: str) -> dict[str, Any]:
 
 
 def _pieces(answer: Answer, shape: str) -> list[str]:
-    return tool_arguments(answer.pieces) if shape == "tool" else list(answer.pieces)
+    """The streamed pieces: a JSON object for a tool's arguments and for JSON output."""
+    return tool_arguments(answer.pieces) if shape in ("tool", "json") else list(answer.pieces)
 
 
 def _final(ids: Ids, body: dict[str, Any], answer: Answer, shape: str) -> dict[str, Any]:
@@ -164,17 +165,16 @@ def stream_events(
             out.add("response.function_call_arguments.delta", {**where, "delta": piece})
         out.add("response.function_call_arguments.done", {**where, "arguments": text})
     else:
-        part = _text_part("") if shape == "text" else {"type": "reasoning_text", "text": ""}
+        plain = shape != "reasoning"
+        part = _text_part("") if plain else {"type": "reasoning_text", "text": ""}
         out.add("response.content_part.added", {**where, "content_index": 0, "part": part})
         first = len(out.events)
-        delta = "response.output_text" if shape == "text" else "response.reasoning_text"
-        extra: dict[str, Any] = {"logprobs": []} if shape == "text" else {}
+        delta = "response.output_text" if plain else "response.reasoning_text"
+        extra: dict[str, Any] = {"logprobs": []} if plain else {}
         for piece in pieces:
             out.add(f"{delta}.delta", {**where, "content_index": 0, "delta": piece, **extra})
         out.add(f"{delta}.done", {**where, "content_index": 0, "text": text, **extra})
-        done_part = (
-            _text_part(text) if shape == "text" else {"type": "reasoning_text", "text": text}
-        )
+        done_part = _text_part(text) if plain else {"type": "reasoning_text", "text": text}
         out.add("response.content_part.done", {**where, "content_index": 0, "part": done_part})
     final = _final(ids, body, answer, shape)
     out.add("response.output_item.done", {"output_index": 0, "item": final["output"][0]})
