@@ -72,33 +72,53 @@ class ResponseStream:
         return out
 
     def start(self) -> bytes:
+        """The response's opening events (once)."""
+        self._open_response()
+        return self._take()
+
+    def _open_response(self) -> None:
         if self.phase is Phase.NEW:
             self.phase = Phase.OPEN
             self._emit("response.created", {"response": self.response})
             self._emit("response.in_progress", {"response": self.response})
-        return self._take()
 
     def feed(self, events: bytes) -> bytes:
-        """Whole chat SSE events (as the relay yields them) -> whole Responses events."""
+        """Whole chat SSE events (as the relay yields them) -> whole Responses events.
+        Comments (keep-alives) pass as they are; the response opens with the first data."""
         if self.phase is Phase.ENDED:
             return b""
-        self.start()
         for event in events.split(b"\n\n"):
+            if event.startswith(b":"):
+                self._out.append(event + b"\n\n")
+                continue
             data = _data(event)
             if data is None:
                 continue
             if data == b"[DONE]":
+                self._open_response()
                 self._complete()
                 break
             try:
                 payload = orjson.loads(data)
             except orjson.JSONDecodeError:
                 continue  # the relay passes only parsed events; nothing to say about others
-            if isinstance(payload, dict):
-                if "error" in payload and "choices" not in payload:
-                    self._fail_with(payload["error"])
-                    break
-                self._chunk(payload)
+            if not isinstance(payload, dict):
+                continue
+            if "error" in payload and "choices" not in payload:
+                self._fail_with(payload["error"])
+                break
+            model = payload.get("model")
+            if self.phase is Phase.NEW and isinstance(model, str) and model:
+                self.response["model"] = model  # the model that answers, from the start
+            self._open_response()
+            self._chunk(payload)
+        return self._take()
+
+    def finish(self) -> bytes:
+        """The chat stream ended: a response still open was cut short (the relay always
+        ends a whole answer with [DONE] and a broken one with its error event)."""
+        if self.phase is Phase.OPEN:
+            self._fail_with({"message": "the stream ended before the answer finished"})
         return self._take()
 
     def fail(self, message: str, code: str = "server_error") -> bytes:
@@ -259,12 +279,14 @@ class ResponseStream:
         error = error if isinstance(error, dict) else {}
         message = str(error.get("message") or "the upstream stream failed")
         code = str(error.get("code") or "server_error")
-        if self.phase is Phase.NEW:
-            self.phase = Phase.ENDED
-            self._emit("error", {"code": code, "message": message, "param": None})
+        was = self.phase
+        self.phase = Phase.ENDED
+        # The typed error event first (what Ballast's metrics count as a broken stream),
+        # then, for an opened response, its terminal event.
+        self._emit("error", {"code": code, "message": message, "param": None})
+        if was is Phase.NEW:
             return
         self._close_all("incomplete")
-        self.phase = Phase.ENDED
         self.response["status"] = "failed"
         # A failed response's code is one of OpenAI's few; the message says what happened.
         kind = "rate_limit_exceeded" if code == "rate_limit_exceeded" else "server_error"
