@@ -53,22 +53,14 @@ _KNOWN = frozenset(
         *_STATEFUL,
     )
 )
+_REFUSABLE = frozenset((*_STATEFUL, "background", "truncation", "include", "top_logprobs"))
 _PASSED = ("temperature", "top_p", "user", "prompt_cache_key", "service_tier")
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TOOL_CHOICES = ("auto", "none", "required")
 
 
-def unsupported(param: str, why: str) -> ApiError:
-    return ApiError(
-        400, f"'{param}' is not supported: {why}.", code="unsupported_parameter", param=param
-    )
-
-
-def to_chat(payload: dict[str, Any]) -> dict[str, Any]:
-    """The chat completion body for a Responses request (`model` kept as given)."""
-    for name in payload:
-        if name not in _KNOWN:
-            raise unsupported(name, "Ballast's Responses bridge does not know this parameter")
+def _refuse(payload: dict[str, Any]) -> None:
+    """A 400 for the first field set to something the bridge cannot honour."""
     for name, why in _STATEFUL.items():
         if payload.get(name) is not None:
             raise unsupported(name, why)
@@ -80,6 +72,22 @@ def to_chat(payload: dict[str, Any]) -> dict[str, Any]:
         raise unsupported("include", "no extra output can be included through the bridge")
     if payload.get("top_logprobs") is not None:
         raise unsupported("top_logprobs", "log probabilities are not bridged")
+
+
+def unsupported(param: str, why: str) -> ApiError:
+    return ApiError(
+        400, f"'{param}' is not supported: {why}.", code="unsupported_parameter", param=param
+    )
+
+
+def to_chat(payload: dict[str, Any]) -> dict[str, Any]:
+    """The chat completion body for a Responses request (`model` kept as given)."""
+    keys = payload.keys()
+    unknown = keys - _KNOWN
+    if unknown:
+        raise unsupported(min(unknown), "Ballast's Responses bridge does not know this parameter")
+    if not keys.isdisjoint(_REFUSABLE):  # the usual request has none of these
+        _refuse(payload)
     messages: list[dict[str, Any]] = []
     instructions = payload.get("instructions")
     if instructions is not None:

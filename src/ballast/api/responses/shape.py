@@ -85,6 +85,9 @@ class ResponsesShape(Shape):
     def __init__(self, resolve: Resolve, clock: Clock = SYSTEM_CLOCK) -> None:
         self._resolve = resolve  # the model groups of the configuration now serving
         self._clock = clock
+        # The way each group is served, decided once per group object (a reloaded
+        # configuration brings new ones); requests naming their own fallbacks decide anew.
+        self._ways: dict[int, tuple[ModelGroup, bool]] = {}
 
     def parse(self, path: str, body: bytes) -> RequestContext:
         payload = _load(body)
@@ -123,6 +126,18 @@ class ResponsesShape(Shape):
         group = self._resolve(model)
         if group is None:
             return False
+        if not fallbacks:
+            known = self._ways.get(id(group))
+            if known is not None and known[0] is group:
+                return known[1]
+        native = self._all_native(group, fallbacks)
+        if not fallbacks:
+            if len(self._ways) >= 4096:
+                self._ways.clear()
+            self._ways[id(group)] = (group, native)
+        return native
+
+    def _all_native(self, group: ModelGroup, fallbacks: Iterable[str]) -> bool:
         groups = [group]
         for name in [*group.fallbacks, *fallbacks, *group.context_fallbacks]:
             found = self._resolve(name)
