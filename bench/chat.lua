@@ -1,6 +1,8 @@
 -- wrk script: a non-streaming chat completion request, and a JSON summary at the end.
 wrk.method = "POST"
-wrk.body = '{"model": "bench-model", "messages": [{"role": "user", "content": "hi"}]}'
+-- BENCH_BODY replaces the body: the same request on another API shape (Responses).
+wrk.body = os.getenv("BENCH_BODY") or
+   '{"model": "bench-model", "messages": [{"role": "user", "content": "hi"}]}'
 wrk.headers["Content-Type"] = "application/json"
 -- The key comes from BENCH_KEY: a virtual key for the keys+limits+spend variants.
 wrk.headers["Authorization"] = "Bearer " .. (os.getenv("BENCH_KEY") or "sk-bench")

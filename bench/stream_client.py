@@ -24,6 +24,9 @@ BODY = json.dumps(
         "messages": [{"role": "user", "content": "hi"}],
     }
 ).encode()
+# The same stream asked for on the Responses API, and how each kind of stream ends.
+RESPONSES_BODY = json.dumps({"model": "bench-stream", "stream": True, "input": "hi"}).encode()
+SHAPES = {"chat": (BODY, b"[DONE]"), "responses": (RESPONSES_BODY, b"response.completed")}
 
 
 def headers_for(key: str) -> dict[str, str]:
@@ -62,14 +65,16 @@ async def _worker(
     ttfc: list[float],
     total: list[float],
     errors: list[str],
+    shape: str = "chat",
 ) -> None:
+    body, end = SHAPES[shape]
     while time.perf_counter() < deadline and budget[0] > 0:
         budget[0] -= 1
         start = time.perf_counter()
         first = 0.0
         tail = b""
         try:
-            async with session.post(url, data=BODY, headers=headers) as resp:
+            async with session.post(url, data=body, headers=headers) as resp:
                 if resp.status != 200:
                     errors.append(f"HTTP {resp.status}")
                     await resp.read()
@@ -77,12 +82,12 @@ async def _worker(
                 async for chunk in resp.content.iter_any():
                     if not first and chunk:
                         first = time.perf_counter()
-                    tail = (tail + chunk)[-64:]
+                    tail = (tail + chunk)[-4096:]  # the end marker is in the last event
         except (aiohttp.ClientError, TimeoutError) as exc:
             errors.append(repr(exc))
             continue
-        if b"[DONE]" not in tail:
-            errors.append("stream ended without [DONE]")
+        if end not in tail:
+            errors.append(f"stream ended without {end.decode()}")
             continue
         ttfc.append(first - start)
         total.append(time.perf_counter() - start)
@@ -94,6 +99,7 @@ async def run(
     duration: float,
     max_streams: int = 1_000_000,
     key: str = "sk-bench",
+    shape: str = "chat",
 ) -> StreamResult:
     """Keep ``concurrency`` streams in flight for ``duration`` s (or ``max_streams``)."""
     headers = headers_for(key)
@@ -107,7 +113,7 @@ async def run(
         start = time.perf_counter()
         deadline = start + duration
         workers = [
-            _worker(session, headers, url, deadline, budget, ttfc, total, errors)
+            _worker(session, headers, url, deadline, budget, ttfc, total, errors, shape)
             for _ in range(concurrency)
         ]
         await asyncio.wait_for(asyncio.gather(*workers), timeout=duration + 60)
@@ -131,6 +137,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--max-streams", type=int, default=1_000_000)
     parser.add_argument("--key", default="sk-bench", help="API key sent as the bearer token")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="chat", help="the API asked")
     args = parser.parse_args()
     factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     try:
@@ -141,7 +148,7 @@ def main() -> None:
         pass
     with asyncio.Runner(loop_factory=factory) as runner:
         result = runner.run(
-            run(args.url, args.concurrency, args.duration, args.max_streams, args.key)
+            run(args.url, args.concurrency, args.duration, args.max_streams, args.key, args.shape)
         )
     print(json.dumps({**asdict(result), "streams_per_s": result.streams_per_s}))
 

@@ -32,6 +32,7 @@ ALL_TARGETS = (
     "ballast+keys+redis",
     "ballast-2w",
     "ballast-assemble",
+    "ballast-responses",
     "ballast-granian",
     "litellm",
 )
@@ -53,6 +54,8 @@ class Target:
     unavailable: str = ""
     note: str = ""
     key: str = "sk-bench"  # sent as the bearer token
+    body: str = ""  # wrk's request body when not the chat request
+    shape: str = "chat"  # the API the streaming client asks
 
     @property
     def ok(self) -> bool:
@@ -258,6 +261,22 @@ def _serve(
         return Target(name, unavailable=f"smoke request failed: {problem}")
     url = base + nginx.NON_STREAM_PATH
     return Target(name, url=url, stream_url=url, pid=proc.pid, note=note, key=key)
+
+
+RESPONSES_BODY = '{"model": "bench-model", "input": "hi"}'
+
+
+def ballast_responses(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
+    """Ballast asked on /v1/responses for the same answers, bridged to the same chat
+    upstream: what the Responses shape's translation costs against a chat request."""
+    target = ballast(procs, workdir, upstream, name="ballast-responses")
+    if target.ok:
+        target.url = target.url.replace(nginx.NON_STREAM_PATH, "/v1/responses")
+        target.stream_url = target.url
+        target.body = RESPONSES_BODY
+        target.shape = "responses"
+        target.note += "; POST /v1/responses, bridged to chat completions"
+    return target
 
 
 def ballast_granian(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
