@@ -17,6 +17,7 @@ import orjson
 from ballast.api.admin import Admin
 from ballast.api.jobs import JobsApi
 from ballast.api.keys_admin import KeysAdmin
+from ballast.api.messages import MESSAGES, count_tokens
 from ballast.api.openai import OpenAIHandlers
 from ballast.api.reload import Generation, Reloader
 from ballast.api.responses.shape import ResponsesShape
@@ -30,6 +31,7 @@ from ballast.pipeline.access import Access
 from ballast.pipeline.asgi import JSON, Receive, Scope, Send, send_bytes, send_error
 from ballast.pipeline.errors import ApiError
 from ballast.pipeline.pipeline import Pipeline
+from ballast.pipeline.shape import Shape
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.routing.router import Router
 from ballast.state.hub import StateHub
@@ -98,6 +100,17 @@ class BallastApp:
             "/v1/responses": lambda s, r, w: self.generation.proxy(
                 s, r, w, "/responses", self.responses
             ),
+            "/v1/messages": lambda s, r, w: self.generation.proxy(
+                s, r, w, "/chat/completions", MESSAGES
+            ),
+            "/v1/messages/count_tokens": lambda s, r, w: count_tokens(
+                self.generation.handlers.pipeline, s, r, w
+            ),
+        }
+        # Routes of shapes other than OpenAI's: their errors before the pipeline take that form.
+        self._shapes: dict[str, Shape] = {
+            "/v1/messages": MESSAGES,
+            "/v1/messages/count_tokens": MESSAGES,
         }
         self._get: dict[str, Route] = {
             "/v1/models": lambda s, r, w: self.openai.models(s, r, w),
@@ -121,7 +134,7 @@ class BallastApp:
                     # client is told at once to come back, instead of waiting behind others.
                     if self.in_flight >= self.max_in_flight:
                         self.shed += 1
-                        await send_error(send, OVERLOADED, [])
+                        await self._overloaded(path, send)
                         return
                     self.in_flight += 1
                     try:
@@ -140,6 +153,14 @@ class BallastApp:
             await self._not_found(scope, send, path)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
+
+    async def _overloaded(self, path: str, send: Send) -> None:
+        shape = self._shapes.get(path)
+        if shape is None:
+            await send_error(send, OVERLOADED, [])
+            return
+        status, body = shape.error(OVERLOADED)
+        await send_bytes(send, status, [JSON, *OVERLOADED.headers], body)
 
     async def _not_found(self, scope: Scope, send: Send, path: str) -> None:
         if path in self._post or path in self._get:

@@ -66,6 +66,12 @@ def _count(value: Any) -> int:
     return 0
 
 
+def estimate_prompt_tokens(request: RequestContext) -> int:
+    """The prompt's tokens, estimated from its (chat) body: a byte / 4, at least 1. JSON
+    punctuation and field names count too, so it errs high, the safe side for planning."""
+    return max(1, len(request.raw) // 4)
+
+
 def estimate_tokens(request: RequestContext) -> int:
     """Up-front TPM estimate: the prompt's bytes / 4 plus the completion asked for."""
     payload = request.payload
