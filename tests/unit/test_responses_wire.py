@@ -251,3 +251,15 @@ def test_a_stream_cut_by_max_tokens_is_incomplete() -> None:
     events = _parse(wire)
     assert events[-1].type == "response.incomplete"
     assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+
+
+def test_a_streamed_refusal_is_a_refusal_part() -> None:
+    translator = ResponseStream({"model": "m"}, "resp_7", 9, "m")
+    wire = translator.feed(_chunk({"refusal": "I can"}) + _chunk({"refusal": "not."}, "stop"))
+    events = _parse(wire + translator.feed(b"data: [DONE]\n\n"))
+    kinds = [e.type for e in events]
+    assert kinds.count("response.refusal.delta") == 2 and "response.refusal.done" in kinds
+    (message,) = events[-1].response.output
+    assert message.content[0].type == "refusal"
+    assert message.content[0].refusal == "I cannot."
+    assert _accumulate(events)._completed_response is not None

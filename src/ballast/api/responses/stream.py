@@ -13,7 +13,30 @@ from ballast.api.responses import answer
 from ballast.api.responses.answer import call_item, message_item, new_id, reasoning_item, text_part
 
 _REASONING = ("reasoning_content", "reasoning")
-_DELTA = {"message": "response.output_text.delta", "reasoning": "response.reasoning_text.delta"}
+# A streamed part's kind -> (its delta event, its done event, the done event's text field).
+_PARTS = {
+    "message": ("response.output_text.delta", "response.output_text.done", "text"),
+    "refusal": ("response.refusal.delta", "response.refusal.done", "refusal"),
+    "reasoning": ("response.reasoning_text.delta", "response.reasoning_text.done", "text"),
+}
+
+
+def _part(kind: str, text: str) -> dict[str, Any]:
+    if kind == "message":
+        return text_part(text)
+    if kind == "refusal":
+        return {"type": "refusal", "refusal": text}
+    return {"type": "reasoning_text", "text": text}
+
+
+def _text_item(kind: str, item_id: str, text: str, status: str) -> dict[str, Any]:
+    """A message (of text or a refusal) or a reasoning item, as added or as done."""
+    if kind == "reasoning":
+        return reasoning_item(item_id, text, status)
+    item = message_item(item_id, "", status)
+    if status != "in_progress":
+        item["content"] = [_part(kind, text)]
+    return item
 
 
 class Phase(enum.Enum):
@@ -30,7 +53,7 @@ class _Item:
     def __init__(self, index: int, item_id: str, kind: str) -> None:
         self.index = index
         self.item_id = item_id
-        self.kind = kind  # "message", "reasoning" or "function_call"
+        self.kind = kind  # "message", "refusal", "reasoning" or "function_call"
         self.parts: list[str] = []
         self.call_id = ""
         self.name = ""
@@ -42,8 +65,8 @@ class _Item:
 
 class ResponseStream:
     """One request's translator. `start` opens the response, `feed` takes relayed chat
-    events, `fail` ends it with the failure in Responses' shape (an `error` event before
-    `response.created`, `response.failed` after)."""
+    events, `fail` ends it with the failure in Responses' shape (an `error` event, then
+    `response.failed` when the response had opened). States: NEW -> OPEN -> ENDED."""
 
     def __init__(self, request: dict[str, Any], response_id: str, created: int, model: str):
         self.response = answer.shell(request, response_id, created, model)
@@ -51,7 +74,7 @@ class ResponseStream:
         self._sequence = 0
         self._out: list[bytes] = []
         self._items: list[_Item] = []
-        self._text: _Item | None = None  # the open message or reasoning item
+        self._text: _Item | None = None  # the open message, refusal or reasoning item
         self._calls: dict[int, _Item] = {}  # chat tool-call index -> its open item
         self._finish: Any = None
         self._usage: Any = None
@@ -126,10 +149,6 @@ class ResponseStream:
         self._fail_with({"message": message, "code": code})
         return self._take()
 
-    @property
-    def model(self) -> str:
-        return str(self.response["model"])
-
     # -- the chat side ---------------------------------------------------------------
 
     def _chunk(self, payload: dict[str, Any]) -> None:
@@ -151,6 +170,9 @@ class ResponseStream:
             piece = delta.get("content")
             if isinstance(piece, str) and piece:
                 self._say("message", piece)
+            piece = delta.get("refusal")
+            if isinstance(piece, str) and piece:
+                self._say("refusal", piece)
             for call in delta.get("tool_calls") or ():
                 if isinstance(call, dict):
                     self._call(call)
@@ -170,7 +192,7 @@ class ResponseStream:
                 self._close(current)
             current = self._text = self._open_text(kind)
         current.parts.append(piece)
-        name = _DELTA[kind]
+        name = _PARTS[kind][0]
         body = {"item_id": current.item_id, "output_index": current.index, "content_index": 0}
         body["delta"] = piece
         if kind == "message":
@@ -178,22 +200,10 @@ class ResponseStream:
         self._emit(name, body)
 
     def _open_text(self, kind: str) -> _Item:
-        if kind == "message":
-            item = message_item(new_id("msg"), "", "in_progress")
-            part: dict[str, Any] = text_part("")
-        else:
-            item = reasoning_item(new_id("rs"), "", "in_progress")
-            part = {"type": "reasoning_text", "text": ""}
-        opened = self._open(kind, item)
-        self._emit(
-            "response.content_part.added",
-            {
-                "item_id": opened.item_id,
-                "output_index": opened.index,
-                "content_index": 0,
-                "part": part,
-            },
-        )
+        item_id = new_id("rs" if kind == "reasoning" else "msg")
+        opened = self._open(kind, _text_item(kind, item_id, "", "in_progress"))
+        where = {"item_id": item_id, "output_index": opened.index, "content_index": 0}
+        self._emit("response.content_part.added", {**where, "part": _part(kind, "")})
         return opened
 
     def _call(self, call: dict[str, Any]) -> None:
@@ -235,18 +245,11 @@ class ResponseStream:
                 {**where, "name": item.name, "arguments": text},
             )
         else:
-            if item.kind == "message":
-                done, part = message_item(item.item_id, text, status), text_part(text)
-                self._emit(
-                    "response.output_text.done",
-                    {**where, "content_index": 0, "text": text, "logprobs": []},
-                )
-            else:
-                done = reasoning_item(item.item_id, text, status)
-                part = {"type": "reasoning_text", "text": text}
-                self._emit(
-                    "response.reasoning_text.done", {**where, "content_index": 0, "text": text}
-                )
+            done = _text_item(item.kind, item.item_id, text, status)
+            _, finished, field = _PARTS[item.kind]
+            extra: dict[str, Any] = {"logprobs": []} if item.kind == "message" else {}
+            self._emit(finished, {**where, "content_index": 0, field: text, **extra})
+            part = _part(item.kind, text)
             self._emit("response.content_part.done", {**where, "content_index": 0, "part": part})
         self._emit("response.output_item.done", {"output_index": item.index, "item": done})
         self.response["output"].append(done)
