@@ -48,7 +48,7 @@ class Phase(enum.Enum):
 class _Item:
     """One output item being streamed: its index, id, kind and what it has said."""
 
-    __slots__ = ("call_id", "index", "item_id", "kind", "name", "parts")
+    __slots__ = ("call_id", "delta_head", "index", "item_id", "kind", "name", "parts")
 
     def __init__(self, index: int, item_id: str, kind: str) -> None:
         self.index = index
@@ -57,6 +57,7 @@ class _Item:
         self.parts: list[str] = []
         self.call_id = ""
         self.name = ""
+        self.delta_head = b""  # the start of each of its delta events, made once
 
     @property
     def text(self) -> str:
@@ -114,7 +115,8 @@ class ResponseStream:
             if event.startswith(b":"):
                 self._out.append(event + b"\n\n")
                 continue
-            data = _data(event)
+            fast = event.startswith(b"data: {") and b"\n" not in event
+            data = event[6:] if fast else _data(event)  # the relay: one data line an event
             if data is None:
                 continue
             if data == b"[DONE]":
@@ -162,7 +164,11 @@ class ResponseStream:
             return
         choice = choices[0]
         delta = choice.get("delta")
-        if isinstance(delta, dict):
+        if type(delta) is dict and len(delta) == 1 and "content" in delta:  # the usual chunk
+            piece = delta["content"]
+            if isinstance(piece, str) and piece:
+                self._say("message", piece)
+        elif isinstance(delta, dict):
             for name in _REASONING:
                 piece = delta.get(name)
                 if isinstance(piece, str) and piece:
@@ -192,18 +198,26 @@ class ResponseStream:
                 self._close(current)
             current = self._text = self._open_text(kind)
         current.parts.append(piece)
-        name = _PARTS[kind][0]
-        body = {"item_id": current.item_id, "output_index": current.index, "content_index": 0}
-        body["delta"] = piece
-        if kind == "message":
-            body["logprobs"] = []
-        self._emit(name, body)
+        # The most frequent event by far, written without building its object each time.
+        self._out.append(
+            current.delta_head
+            + orjson.dumps(piece)
+            + b',"sequence_number":'
+            + str(self._sequence).encode()
+            + b"}\n\n"
+        )
+        self._sequence += 1
 
     def _open_text(self, kind: str) -> _Item:
         item_id = new_id("rs" if kind == "reasoning" else "msg")
         opened = self._open(kind, _text_item(kind, item_id, "", "in_progress"))
         where = {"item_id": item_id, "output_index": opened.index, "content_index": 0}
         self._emit("response.content_part.added", {**where, "part": _part(kind, "")})
+        event = _PARTS[kind][0]
+        fields = {"type": event, **where, **({"logprobs": []} if kind == "message" else {})}
+        opened.delta_head = (
+            b"event: " + event.encode() + b"\ndata: " + orjson.dumps(fields)[:-1] + b',"delta":'
+        )
         return opened
 
     def _call(self, call: dict[str, Any]) -> None:
