@@ -31,9 +31,10 @@ class Call(OutboundCall, Routable, Protocol):
 def streamable(call: Call) -> bool:
     """A whole answer that can be asked for as a stream and put back together exactly:
     not one with log probabilities, `best_of` or `echo` (such a request goes as it came).
-    A Responses stream ends with the whole Response, so it can always be."""
+    A Responses stream ends with the whole Response, so it can be (not a background one,
+    whose answer is the queued response itself)."""
     if call.path == "/responses":
-        return True
+        return not call.payload.get("background")
     if call.path != "/chat/completions" and call.path != "/completions":
         return False
     payload = call.payload
