@@ -115,6 +115,12 @@ class Deployment(_Strict):
     timeouts: TimeoutOverrides = TimeoutOverrides()
     pool_size: int | None = Field(None, ge=1)
     supports_prefill: bool = False
+    answers_as_streams: bool | None = Field(
+        None,
+        description="this deployment's own routing.answers_as_streams (false for an upstream"
+        " that streams badly, or where the assembling cost matters more); unset: the routing"
+        " setting",
+    )
     probe: Literal["auto", "models", "completion", "none"] = Field(
         "auto",
         description="how an open deployment is probed in the background: a one-token"
@@ -317,6 +323,12 @@ class BreakerSettings(_Strict):
     max_probe_interval: float = Field(
         10.0, gt=0, description="failed background probes back off up to this interval"
     )
+    probe_backoff_after: float = Field(
+        30.0,
+        ge=0,
+        description="probes keep to probe_interval for this long into an outage before"
+        " backing off, so a short outage is noticed to end within an interval",
+    )
 
 
 class RoutingSettings(_Strict):
@@ -343,6 +355,14 @@ class RoutingSettings(_Strict):
         True,
         description="ask an upstream for a stream even when the client wants a whole answer,"
         " and assemble it, so the first-token and inter-chunk clocks guard it too",
+    )
+    whole_answer_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="a whole answer not guarded by the stream clocks (not asked for as a"
+        " stream) may take this share of the request's time left, when another deployment or"
+        " a fallback could still answer: so a silent upstream leaves time for a failover",
     )
     stream_headers_at_once: bool = Field(
         False, description="start every stream's response at once, before its first token"

@@ -48,6 +48,8 @@ ERROR_OUTCOMES = frozenset({"429", "500", "503", "context_length", "content_filt
 # Faults that only change a stream; a non-stream request under them is answered normally.
 STREAM_ONLY = frozenset({"no_done"})
 POLL_SECONDS = 0.02
+# The send times of a stream's first tokens are logged, so a test can tell what a relay adds.
+MAX_SEND_TIMES = 256
 MAX_BODY_BYTES = 64 * 1024 * 1024
 HTML_PAGE = (
     b"<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway"
@@ -353,6 +355,9 @@ async def _stream(
             await response.write(event)
             if first_token <= index < first_token + len(answer.pieces):
                 entry["tokens"] += 1
+                sent = entry.setdefault("sent", [])
+                if len(sent) < MAX_SEND_TIMES:
+                    sent.append(time.time())  # wall clock: a client can compare its own
         if outcome != "no_done":
             if behaviour.delay > 0 and not await _pause(request, behaviour.delay):
                 raise ConnectionResetError("client went away")
