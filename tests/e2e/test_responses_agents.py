@@ -24,7 +24,8 @@ def gateway_url(stack: Stack, way: str, behaviour: str = "ok") -> str:
 
 
 @pytest.mark.parametrize("way", WAYS)
-async def test_a_one_tool_agent_runs_to_its_answer(stack: Stack, way: str) -> None:
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_one_tool_agent_runs_to_its_answer(stack: Stack, way: str, streamed: bool) -> None:
     url = gateway_url(stack, way, "ok?shape=tool&tokens=3")
     asked: list[str] = []
 
@@ -37,7 +38,14 @@ async def test_a_one_tool_agent_runs_to_its_answer(stack: Stack, way: str) -> No
     client = openai.AsyncOpenAI(base_url=url, api_key="sk-client", max_retries=0)
     model = OpenAIResponsesModel(model="chat", openai_client=client)
     agent = Agent(name="helper", instructions="Use the tool.", tools=[lookup], model=model)
-    result = await Runner.run(agent, "look it up", run_config=RunConfig(tracing_disabled=True))
+    run_config = RunConfig(tracing_disabled=True)
+    if streamed:
+        running = Runner.run_streamed(agent, "look it up", run_config=run_config)
+        kinds = {event.type async for event in running.stream_events()}
+        assert "raw_response_event" in kinds
+        result: Any = running
+    else:
+        result = await Runner.run(agent, "look it up", run_config=run_config)
     assert asked == ["tok0 tok1 tok2 "]  # the model's call reached the tool
     assert result.final_output == "tok0 tok1 tok2 "  # and its result reached the model
     await client.close()
