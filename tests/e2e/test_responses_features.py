@@ -1,12 +1,14 @@
 """The pipeline's other features on `/v1/responses`: keep-alive while the first token is
-awaited (and a failure after the start as a numbered error event), and the response cache,
-whose kept chat answers are served in the Responses shape."""
+awaited (and a failure after the start as a numbered error event), the response cache,
+whose kept chat answers are served in the Responses shape, and hedging."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from tests.e2e.test_routing import client, config, full
+from tests.e2e.test_routing import client, config, full, ordered
 from tests.stack import Stack, deployment, group
 
 KEEPALIVE = {"stream_keepalive": 0.3}
@@ -55,3 +57,19 @@ def test_a_cached_answer_is_served_as_a_response(stack: Stack) -> None:
     (done,) = [e for e in raw.parse() if e.type == "response.completed"]
     assert done.response.output_text == full(16) and done.response.usage is not None
     assert len(stack.attempts(sim)) == 2  # each answer went upstream once
+
+
+@pytest.mark.parametrize("way", ["bridge", "native"])
+def test_a_slow_first_token_is_hedged(stack: Stack, way: str) -> None:
+    slow = stack.sim("slow_first?delay=3", name="slow")
+    fast = stack.sim("ok", name="fast")
+    chat = ordered(
+        "chat", deployment("s", slow, responses=way), deployment("f", fast, responses=way)
+    )
+    gateway = stack.gateway(config(chat, timeouts={"first_token": 5}, routing={"hedge_after": 0.1}))
+    started = time.monotonic()
+    with client(gateway).responses.stream(model="chat", input="hi") as stream:
+        final = stream.get_final_response()
+    assert final.output_text == full(16)
+    assert time.monotonic() - started < 2.0
+    assert len(stack.attempts(fast)) == 1
