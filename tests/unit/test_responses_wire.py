@@ -263,3 +263,25 @@ def test_a_streamed_refusal_is_a_refusal_part() -> None:
     assert message.content[0].type == "refusal"
     assert message.content[0].refusal == "I cannot."
     assert _accumulate(events)._completed_response is not None
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"input": []}, "input"),
+        ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+        ({"instructions": ["x"]}, "instructions"),
+        ({"metadata": {"k": 1}}, "metadata"),
+        ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+        ({"tool_choice": {"type": "function"}}, "tool_choice.name"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
+            "input[0].content[0].type",
+        ),
+    ],
+)
+def test_malformed_requests_are_400s_naming_the_field(extra: dict[str, Any], param: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        to_chat({"model": "m", "input": "x", **extra})
+    assert caught.value.status == 400 and caught.value.param == param

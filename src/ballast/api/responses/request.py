@@ -88,6 +88,11 @@ def to_chat(payload: dict[str, Any]) -> dict[str, Any]:
         raise unsupported(min(unknown), "Ballast's Responses bridge does not know this parameter")
     if not keys.isdisjoint(_REFUSABLE):  # the usual request has none of these
         _refuse(payload)
+    metadata = payload.get("metadata")
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise bad_request("'metadata' must be an object of strings.", "metadata")
     messages: list[dict[str, Any]] = []
     instructions = payload.get("instructions")
     if instructions is not None:
