@@ -11,7 +11,11 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent / "chat.lua"
 # The request each inbound API shape sends (a target's `shape`).
-SCRIPTS = {"openai": SCRIPT, "messages": SCRIPT.with_name("messages.lua")}
+SCRIPTS = {
+    "openai": SCRIPT,
+    "messages": SCRIPT.with_name("messages.lua"),
+    "responses": SCRIPT.with_name("responses.lua"),
+}
 MARKER = "BENCH_JSON "
 
 

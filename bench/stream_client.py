@@ -32,8 +32,14 @@ MESSAGES_BODY = json.dumps(
         "messages": [{"role": "user", "content": "hi"}],
     }
 ).encode()
+# The same stream asked for on the Responses API.
+RESPONSES_BODY = json.dumps({"model": "bench-stream", "stream": True, "input": "hi"}).encode()
 # Per inbound API shape: the body, and what the end of a whole stream holds.
-SHAPES = {"openai": (BODY, b"[DONE]"), "messages": (MESSAGES_BODY, b'"message_stop"')}
+SHAPES = {
+    "openai": (BODY, b"[DONE]"),
+    "messages": (MESSAGES_BODY, b'"message_stop"'),
+    "responses": (RESPONSES_BODY, b"response.completed"),
+}
 
 
 def headers_for(key: str, shape: str = "openai") -> dict[str, str]:
@@ -91,7 +97,7 @@ async def _worker(
                 async for chunk in resp.content.iter_any():
                     if not first and chunk:
                         first = time.perf_counter()
-                    tail = (tail + chunk)[-64:]
+                    tail = (tail + chunk)[-4096:]  # the end marker is in the last event
         except (aiohttp.ClientError, TimeoutError) as exc:
             errors.append(repr(exc))
             continue

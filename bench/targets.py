@@ -33,6 +33,7 @@ ALL_TARGETS = (
     "ballast-2w",
     "ballast-assemble",
     "ballast-messages",
+    "ballast-responses",
     "ballast-granian",
     "litellm",
 )
@@ -271,6 +272,18 @@ def ballast_messages(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> 
         target.url = target.stream_url = target.url.replace(nginx.NON_STREAM_PATH, "/v1/messages")
         target.shape = "messages"
         target.note = "1 worker, Anthropic Messages in, chat upstream out"
+    return target
+
+
+def ballast_responses(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
+    """Ballast asked on /v1/responses for the same answers, bridged to the same chat
+    upstream: what the Responses shape's translation costs against a chat request."""
+    target = ballast(procs, workdir, upstream, name="ballast-responses")
+    if target.ok:
+        target.url = target.url.replace(nginx.NON_STREAM_PATH, "/v1/responses")
+        target.stream_url = target.url
+        target.shape = "responses"
+        target.note += "; POST /v1/responses, bridged to chat completions"
     return target
 
 

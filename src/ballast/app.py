@@ -20,6 +20,7 @@ from ballast.api.keys_admin import KeysAdmin
 from ballast.api.messages import MESSAGES, count_tokens
 from ballast.api.openai import OpenAIHandlers
 from ballast.api.reload import Generation, Reloader
+from ballast.api.responses.shape import ResponsesShape
 from ballast.cache.service import build_cache
 from ballast.config import Settings
 from ballast.heap import settle_after_startup
@@ -73,6 +74,7 @@ class BallastApp:
         )
         self.pipeline = Pipeline(settings, self.router, clock)
         self.openai = OpenAIHandlers(self.pipeline)
+        self.responses = ResponsesShape(lambda model: self.generation.router.resolve(model), clock)
         self.ready = False
         self.in_flight = 0  # proxied requests running in this worker
         self.max_in_flight = settings.server.max_in_flight
@@ -95,6 +97,9 @@ class BallastApp:
             ),
             "/v1/completions": lambda s, r, w: self.generation.proxy(s, r, w, "/completions"),
             "/v1/embeddings": lambda s, r, w: self.generation.proxy(s, r, w, "/embeddings"),
+            "/v1/responses": lambda s, r, w: self.generation.proxy(
+                s, r, w, "/responses", self.responses
+            ),
             "/v1/messages": lambda s, r, w: self.generation.proxy(
                 s, r, w, "/chat/completions", MESSAGES
             ),

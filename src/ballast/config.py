@@ -134,6 +134,29 @@ class Deployment(_Strict):
         " HTTPS_PROXY/HTTP_PROXY/NO_PROXY environment",
     )
     tls: DeploymentTls | None = None
+    responses: Literal["native", "bridge"] | None = Field(
+        None,
+        description="how /v1/responses is served: native forwards it to the deployment's own"
+        " /responses; bridge turns it into a chat completion; unset: native for OpenAI's and"
+        " Azure OpenAI's own APIs, bridge for everything else",
+    )
+
+    @property
+    def responses_mode(self) -> Literal["native", "bridge"]:
+        if self.responses is not None:
+            return self.responses
+        host = urlsplit(self.url).hostname or ""
+        native = self.provider == "openai" and (
+            host == "api.openai.com" or host.endswith(".openai.azure.com")
+        )
+        return "native" if native else "bridge"
+
+    @field_validator("responses")
+    @classmethod
+    def _responses(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value == "native" and info.data.get("provider") == "actor":
+            raise ValueError(f"deployment {_name(info)}: the sampling actor has no /responses")
+        return value
 
     @field_validator("url")
     @classmethod

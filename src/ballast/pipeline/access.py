@@ -53,6 +53,8 @@ def token_counts(usage: Any) -> tuple[int, int]:
     garbage must not fail an answered request, nor a spend batch (and its replays) for good."""
     if not isinstance(usage, dict):
         return 0, 0
+    if "input_tokens" in usage:  # a Responses answer relayed as the upstream sent it
+        return _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
     return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
 
 

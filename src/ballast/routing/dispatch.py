@@ -31,7 +31,11 @@ class Call(OutboundCall, Routable, Protocol):
 
 def streamable(call: Call) -> bool:
     """A whole answer that can be asked for as a stream and put back together exactly:
-    not one with log probabilities, `best_of` or `echo` (such a request goes as it came)."""
+    not one with log probabilities, `best_of` or `echo` (such a request goes as it came).
+    A Responses stream ends with the whole Response, so it can be (not a background one,
+    whose answer is the queued response itself)."""
+    if call.path == "/responses":
+        return not call.payload.get("background")
     if call.path != "/chat/completions" and call.path != "/completions":
         return False
     payload = call.payload
@@ -46,7 +50,10 @@ class AsStream:
 
     def __init__(self, call: Call) -> None:
         self._call = call
-        self.edits = {**call.edits, "stream": True, "stream_options": {"include_usage": True}}
+        if call.path == "/responses":  # its stream always ends with the usage
+            self.edits = {**call.edits, "stream": True}
+        else:
+            self.edits = {**call.edits, "stream": True, "stream_options": {"include_usage": True}}
 
     @property
     def path(self) -> str:
