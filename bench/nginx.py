@@ -3,8 +3,10 @@
 nginx cannot branch on a request body, so the streaming answer lives on its own path:
 ``/v1/chat/completions`` answers a complete chat completion with ``usage`` and
 ``/stream/v1/chat/completions`` answers an SSE stream (role chunk, content chunks, a
-finish chunk, a usage chunk, ``[DONE]``). Everything nginx writes stays in a temporary
-prefix directory; the system nginx and its files are never touched.
+finish chunk, a usage chunk, ``[DONE]``). The same answer in Anthropic's Messages wire is on
+``/anthropic/v1/messages`` and, streamed, ``/anthropic-stream/v1/messages``. Everything
+nginx writes stays in a temporary prefix directory; the system nginx and its files are never
+touched.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from typing import Any
 NON_STREAM_PATH = "/v1/chat/completions"
 STREAM_PREFIX = "/stream"
 STREAM_PATH = STREAM_PREFIX + NON_STREAM_PATH
+ANTHROPIC_PREFIX = "/anthropic"
+ANTHROPIC_STREAM_PREFIX = "/anthropic-stream"
+MESSAGES_PATH = "/v1/messages"
 
 _CREATED = 1_700_000_000
 _WORDS = ["Hello", " from", " the", " fixed", " answer", " upstream", "."]
@@ -66,6 +71,43 @@ def stream_body() -> str:
     return "".join(events)
 
 
+def messages_body() -> str:
+    """The fixed answer as an Anthropic message."""
+    body = {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": "bench-model",
+        "content": [{"type": "text", "text": "".join(_WORDS)}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 9, "output_tokens": len(_WORDS)},
+    }
+    return json.dumps(body, separators=(",", ":"))
+
+
+def _event(kind: str, **data: Any) -> str:
+    payload = json.dumps({"type": kind, **data}, separators=(",", ":"))
+    return f"event: {kind}\ndata: {payload}\n\n"
+
+
+def messages_stream_body() -> str:
+    """The fixed answer as Anthropic's event stream."""
+    start = {"id": "msg_bench_stream", "type": "message", "role": "assistant"}
+    start |= {"model": "bench-stream", "content": [], "usage": {"input_tokens": 9}}
+    events = [_event("message_start", message=start)]
+    events.append(_event("content_block_start", index=0, content_block={"type": "text"}))
+    events.append(_event("ping"))
+    for word in _WORDS:
+        delta = {"type": "text_delta", "text": word}
+        events.append(_event("content_block_delta", index=0, delta=delta))
+    events.append(_event("content_block_stop", index=0))
+    usage = {"output_tokens": len(_WORDS)}
+    events.append(_event("message_delta", delta={"stop_reason": "end_turn"}, usage=usage))
+    events.append(_event("message_stop"))
+    return "".join(events)
+
+
 def _quote(text: str) -> str:
     """Quote ``text`` as an nginx string literal (``return`` text is a complex value)."""
     if "$" in text:
@@ -109,6 +151,15 @@ http {{
             default_type text/event-stream;
             add_header Cache-Control no-cache;
             return 200 {_quote(stream_body())};
+        }}
+        location = {ANTHROPIC_PREFIX + MESSAGES_PATH} {{
+            default_type application/json;
+            return 200 {_quote(messages_body())};
+        }}
+        location = {ANTHROPIC_STREAM_PREFIX + MESSAGES_PATH} {{
+            default_type text/event-stream;
+            add_header Cache-Control no-cache;
+            return 200 {_quote(messages_stream_body())};
         }}
     }}
 }}

@@ -207,6 +207,29 @@ def checks(res: Results, gateway: str = "ballast") -> list[Check]:
             res.stream_cell(gateway, conc).streams_per_s,
         )
         add(f"streams/s @{conc}: Anthropic Messages / chat", ">= 0.80", r, "{:.2f}", r >= 0.80)
+    r = _ratio(res.cell("ballast-anthropic", 32).rps, g32.rps)
+    add_ratio(
+        "req/s @32: through the Anthropic adapter / pass-through", 0.75, r, "ballast-anthropic", ""
+    )
+    delta = res.cell("ballast-anthropic", 1).p50 - g1.p50
+    add(
+        "added p50 @1: Anthropic adapter over pass-through",
+        "<= 0.3 ms",
+        delta,
+        "{:+.3f} ms",
+        delta <= 0.3,
+    )
+    if 8 in res.concurrencies:
+        delta = (
+            res.stream_cell("ballast-anthropic", 8).ttfc_p50 - res.stream_cell(gateway, 8).ttfc_p50
+        )
+        add(
+            "added TTFC p50 @8: Anthropic adapter over pass-through",
+            "<= 0.5 ms",
+            delta,
+            "{:+.3f} ms",
+            delta <= 0.5,
+        )
     return out
 
 

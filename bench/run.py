@@ -41,6 +41,7 @@ PAIRS = [
     ("ballast-2w", "ballast", 64, 32),
     ("ballast-messages", "ballast", 32, 32),
     ("ballast-responses", "ballast", 32, 32),
+    ("ballast-anthropic", "ballast", 32, 32),
 ]
 
 
@@ -127,6 +128,8 @@ def start_targets(
             target = tg.ballast_messages(procs, workdir, upstream)
         elif name == "ballast-responses":
             target = tg.ballast_responses(procs, workdir, upstream)
+        elif name == "ballast-anthropic":
+            target = tg.ballast(procs, workdir, upstream, name=name, anthropic=True)
         elif name == "ballast-granian":
             target = tg.ballast_granian(procs, workdir, upstream)
         elif name == "ballast+keys":

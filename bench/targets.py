@@ -34,6 +34,7 @@ ALL_TARGETS = (
     "ballast-assemble",
     "ballast-messages",
     "ballast-responses",
+    "ballast-anthropic",
     "ballast-granian",
     "litellm",
 )
@@ -148,18 +149,28 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def ballast_config(
-    port: int, upstream: Upstream, extra: dict[str, Any] | None, assemble: bool = False
+    port: int,
+    upstream: Upstream,
+    extra: dict[str, Any] | None,
+    assemble: bool = False,
+    anthropic: bool = False,
 ) -> dict[str, Any]:
     """`assemble`: whole answers come from the streaming location, so each is read as a
-    stream and put back together (routing.answers_as_streams) instead of passing through."""
+    stream and put back together (routing.answers_as_streams) instead of passing through.
+    `anthropic`: the same OpenAI-shaped requests go to the Anthropic adapter, answered by
+    the upstream's fixed answer in the Messages wire."""
+    provider = "anthropic" if anthropic else "openai"
 
     def deployment(dep_id: str, path: str, model: str) -> dict[str, str]:
+        if anthropic:
+            path = nginx.ANTHROPIC_STREAM_PREFIX if "stream" in path else nginx.ANTHROPIC_PREFIX
+            path += "/v1"
         return {
             "id": dep_id,
             "url": upstream.base + path,
             "api_key": "sk-bench",
             "model": model,
-            "provider": "openai",
+            "provider": provider,
         }
 
     whole_path = (nginx.STREAM_PREFIX if assemble else "") + "/v1"
@@ -214,6 +225,7 @@ def ballast(
     extra: dict[str, Any] | None = None,
     key: str = "sk-bench",
     assemble: bool = False,
+    anthropic: bool = False,
 ) -> Target:
     missing = ballast_missing()
     if missing:
@@ -221,7 +233,7 @@ def ballast(
     port = free_port()
     slug = name.replace("+", "-")
     conf = workdir / f"{slug}.yaml"
-    config = ballast_config(port, upstream, extra, assemble)
+    config = ballast_config(port, upstream, extra, assemble, anthropic)
     conf.write_text(yaml.safe_dump(config, sort_keys=False))
     log = workdir / f"{slug}.log"
     cmd = [sys.executable, "-m", "ballast", "serve", "--config", str(conf)]

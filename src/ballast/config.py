@@ -7,7 +7,7 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
 
 import yaml
@@ -19,6 +19,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -102,6 +103,77 @@ class DeploymentTls(_Strict):
     verify: bool = Field(True, description="false: any certificate is accepted (a lab only)")
 
 
+# --- Native providers and OpenAI-compatible presets -----------------------------------
+
+
+class Preset(NamedTuple):
+    """An OpenAI-compatible provider known by name: its base URL and its quirks."""
+
+    url: str
+    stream_options: bool = True  # False: the provider refuses `stream_options`
+
+
+PRESETS: dict[str, Preset] = {
+    "mistral": Preset("https://api.mistral.ai/v1", stream_options=False),
+    "groq": Preset("https://api.groq.com/openai/v1"),
+    "deepseek": Preset("https://api.deepseek.com/v1"),
+    "together": Preset("https://api.together.xyz/v1"),
+    "fireworks": Preset("https://api.fireworks.ai/inference/v1"),
+    "openrouter": Preset("https://openrouter.ai/api/v1"),
+    "xai": Preset("https://api.x.ai/v1"),
+    "ollama": Preset("http://localhost:11434/v1"),
+    "perplexity": Preset("https://api.perplexity.ai", stream_options=False),
+    "cerebras": Preset("https://api.cerebras.ai/v1"),
+    "nvidia": Preset("https://integrate.api.nvidia.com/v1"),
+}
+# Every name `provider` takes: the native protocols, then the presets above.
+ProviderName = Literal[
+    "openai",
+    "vllm",
+    "sglang",
+    "actor",
+    "anthropic",
+    "azure",
+    "mistral",
+    "groq",
+    "deepseek",
+    "together",
+    "fireworks",
+    "openrouter",
+    "xai",
+    "ollama",
+    "perplexity",
+    "cerebras",
+    "nvidia",
+]
+DEFAULT_URLS = {"anthropic": "https://api.anthropic.com", **{k: p.url for k, p in PRESETS.items()}}
+
+
+class AnthropicOptions(_Strict):
+    """A deployment of `provider: anthropic` (the Messages API)."""
+
+    version: str = Field("2023-06-01", min_length=1, description="the anthropic-version header")
+    max_tokens: int = Field(
+        4096, ge=1, description="sent when the client names no max_tokens (Messages needs one)"
+    )
+    beta: str | None = Field(None, description="the anthropic-beta header, when set")
+
+
+class AzureOptions(_Strict):
+    """A deployment of `provider: azure`. `style: deployments` is the classic
+    `/openai/deployments/{deployment}/...?api-version=` URL (api_version required);
+    `style: v1` is the `/openai/v1/` API, where the model is named in the body."""
+
+    style: Literal["deployments", "v1"] = "deployments"
+    api_version: str | None = Field(None, min_length=1)
+    deployment: str | None = Field(
+        None, min_length=1, description="the Azure deployment name; unset: the model's name"
+    )
+    auth: Literal["api-key", "bearer"] = Field(
+        "api-key", description="api_key sent as the api-key header, or as a bearer token"
+    )
+
+
 class Deployment(_Strict):
     # A rejected api_key or header must never be echoed back in an error.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
@@ -110,7 +182,7 @@ class Deployment(_Strict):
     url: str
     api_key: SecretStr | None = None
     model: str | None = Field(None, description="upstream model name; unset forwards the client's")
-    provider: Literal["openai", "vllm", "sglang", "actor"] = "openai"
+    provider: ProviderName = "openai"
     weight: float = Field(1.0, ge=0)
     timeouts: TimeoutOverrides = TimeoutOverrides()
     pool_size: int | None = Field(None, ge=1)
@@ -157,6 +229,50 @@ class Deployment(_Strict):
         if value == "native" and info.data.get("provider") == "actor":
             raise ValueError(f"deployment {_name(info)}: the sampling actor has no /responses")
         return value
+
+    anthropic: AnthropicOptions | None = None
+    azure: AzureOptions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_url(cls, data: Any) -> Any:
+        """A known provider's URL is filled in; an explicit `url` wins."""
+        if isinstance(data, dict) and not data.get("url"):
+            default = DEFAULT_URLS.get(str(data.get("provider")))
+            if default is not None:
+                data = {**data, "url": default}
+        url = data.get("url") if isinstance(data, dict) else None
+        if isinstance(url, str) and data.get("provider") == "azure":
+            # The resource's endpoint: the URL style decides the path after it.
+            for tail in ("/openai/v1", "/openai"):
+                if url.rstrip("/").endswith(tail):
+                    data = {**data, "url": url.rstrip("/")[: -len(tail)]}
+                    break
+        return data
+
+    @model_validator(mode="after")
+    def _provider_options(self) -> Deployment:
+        """Each provider's own section, checked against the provider it belongs to."""
+        name = repr(self.id)
+        for section in ("anthropic", "azure"):
+            if getattr(self, section) is not None and self.provider != section:
+                raise ValueError(
+                    f"deployment {name}: the {section} section needs provider: {section}"
+                )
+        if self.provider == "azure":
+            azure = self.azure or AzureOptions()
+            if azure.style == "deployments" and azure.api_version is None:
+                raise ValueError(
+                    f"deployment {name}: azure.api_version is required for the classic"
+                    " /openai/deployments URL style (or set azure.style: v1)"
+                )
+            if azure.style == "deployments" and azure.deployment is None:
+                if self.model is None or self.model == "*":
+                    raise ValueError(
+                        f"deployment {name}: azure.deployment (or model) is required for the"
+                        " classic /openai/deployments URL style"
+                    )
+        return self
 
     @field_validator("url")
     @classmethod

@@ -399,3 +399,31 @@ async def test_a_cache_waiter_goes_alone_once_the_clock_passes_its_bound() -> No
     assert done, "still waiting although the clock passed its bound"
     assert task.result() == (None, False)
     flight.finish("k", b"late")  # the leader's flight itself was not cancelled
+
+
+# -- an in-band error in the same read as the text before it --------------------------------
+
+ONE_READ = chunked(
+    b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":" there"}}]}\n\n'
+    b'data: {"error":{"message":"overloaded","type":"server_error"}}\n\n'
+)
+
+
+async def test_text_before_an_error_event_is_relayed_before_the_error(
+    serve: Callable[[Handler], Awaitable[str]], upstreams: Callable[..., Awaitable[Upstream]]
+) -> None:
+    """The text reaches the client first, then the error: what the stream's state counts
+    as sent is what was sent, and a continuation goes on from exactly there."""
+    clock = ManualClock()
+    url = await serve(scripted(SSE_HEAD, ROLE, ONE_READ))
+    upstream = await upstreams(url, clock)
+    stream, held = await open_stream(upstream, "/chat/completions", b"{}", clock)
+    relayed = list(held)
+    with pytest.raises(Failure) as info:
+        while True:
+            relayed += await stream.next_events()
+    stream.close()
+    assert info.value.kind is failures.SERVER_ERROR
+    assert b"".join(relayed).count(b'"content"') == 2
+    assert stream.state.content == "Hi there"

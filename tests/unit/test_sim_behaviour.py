@@ -27,7 +27,7 @@ from ballast.sim.state import WILDCARD, Rule, SimState, mask_secret
 def test_every_documented_name_parses() -> None:
     expected = {
         "ok", "429", "500", "503", "reset", "hang", "slow_first", "cut", "stall",
-        "malformed", "no_done", "context_length", "content_filter", "409", "401",
+        "malformed", "no_done", "error_event", "context_length", "content_filter", "409", "401",
         "html", "gzip_truncated", "wrong_type",
     }  # fmt: skip
     assert set(BEHAVIOUR_NAMES) == expected

@@ -4,15 +4,22 @@ this table and in the config's `provider` field, and the simulator speaking its 
 
 from __future__ import annotations
 
+from ballast.config import PRESETS
 from ballast.providers.actor import ActorAdapter
+from ballast.providers.anthropic import AnthropicAdapter
+from ballast.providers.azure import AzureAdapter
 from ballast.providers.base import Adapter, AdapterContext, Capabilities, OutboundCall
 from ballast.providers.openai import OpenAIAdapter, VllmAdapter
+from ballast.providers.presets import PresetAdapter
 
 ADAPTERS: dict[str, type[Adapter]] = {
     "openai": OpenAIAdapter,
     "vllm": VllmAdapter,
     "sglang": VllmAdapter,
     "actor": ActorAdapter,
+    "anthropic": AnthropicAdapter,
+    "azure": AzureAdapter,
+    **dict.fromkeys(PRESETS, PresetAdapter),
 }
 
 __all__ = ["ADAPTERS", "Adapter", "AdapterContext", "Capabilities", "OutboundCall"]

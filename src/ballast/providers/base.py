@@ -17,6 +17,7 @@ from ballast.config import Deployment
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.handles import HandleCache, SharedSource
 from ballast.upstream.client import Route, Upstream
+from ballast.upstream.codec import Wire
 
 T = TypeVar("T")
 
@@ -109,6 +110,19 @@ class Adapter:
             self.apply_prefill(call, payload, prefill)
         return orjson.dumps(payload)
 
+    def wire(
+        self,
+        call: OutboundCall,
+        model: str,
+        body: bytes,
+        stream: bool,
+        prefill: str | None = None,
+    ) -> Wire | None:
+        """How this call is spoken when the provider's format is not OpenAI's: its path,
+        headers (computed from the final `body` where a signature needs it), and the
+        translation of its answer, stream and errors. None: the OpenAI wire, untouched."""
+        return None
+
     def apply_prefill(self, call: OutboundCall, payload: dict[str, Any], text: str) -> None:
         """Ask the deployment to go on from `text`: a text completion's prompt simply grows;
         a chat gets the text as a final assistant message where the provider continues one
@@ -130,6 +144,12 @@ class Adapter:
     ) -> Awaitable[T]:
         """Run `send` with the route this call takes: None, the deployment's own URL and key."""
         return send(None)
+
+    def probe_wire(self, method: str, path: str, body: bytes | None) -> Wire | None:
+        """The header lines the probe `probe_request` named goes with, for a provider with
+        its own credential header (or a signature over the exact `body`); None: the
+        deployment's bearer token."""
+        return None
 
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
         """(method, path, body) of the background probe of an open deployment, or None when

@@ -40,6 +40,10 @@ INTER_CHUNK_TIMEOUT = Kind(
 STREAM_CUT = Kind("stream_cut", Action.FAILOVER, 502, "api_error", "upstream_stream_cut", True)
 BAD_RESPONSE = Kind("bad_response", Action.RETRY, 502, "api_error", "upstream_bad_response", True)
 RATE_LIMITED = Kind("rate_limited", Action.FAILOVER, 429, "rate_limit_error", "rate_limited", False)
+# The provider as a whole has no capacity now (Anthropic's 529 `overloaded_error`): unlike a
+# rate limit it says nothing of our quota, so it counts against health, and unlike a plain
+# 5xx it asks for a pause, so the deployment cools down for its Retry-After.
+OVERLOADED = Kind("overloaded", Action.RETRY, 503, "api_error", "upstream_overloaded", True)
 # Not a health failure by itself: a request can provoke it (see routing/probe.py).
 UPSTREAM_AUTH = Kind(
     "upstream_auth", Action.FAILOVER, 502, "api_error", "upstream_auth_failed", False
@@ -57,6 +61,12 @@ CONTENT_FILTER = Kind(
 )
 CLIENT_ERROR = Kind(
     "client_error", Action.RETURN, 400, "invalid_request_error", "bad_request", False
+)
+# A request this deployment's provider cannot express (Messages has no audio part, a
+# provider serves no embeddings): another provider in the group may, so it fails over
+# without touching the deployment's health.
+UNSUPPORTED = Kind(
+    "unsupported", Action.FAILOVER, 400, "invalid_request_error", "unsupported_request", False
 )
 
 _CONTENT_FILTER_CODES = {"content_filter", "content_policy_violation", "content_filtered"}

@@ -47,7 +47,7 @@ class Verdicts:
     def judge(self, target: Target, permit: Permit, failure: Failure) -> None:
         kind = failure.kind
         breaker = target.breaker
-        if kind is failures.RATE_LIMITED:
+        if kind is failures.RATE_LIMITED or kind is failures.OVERLOADED:
             breaker.release(permit)
             seconds = failure.retry_after or self.routing.rate_limit_cooldown
             target.cooling_until = max(target.cooling_until, self.clock.monotonic() + seconds)
@@ -62,8 +62,8 @@ class Verdicts:
             )
             if self.on_auth is not None:
                 self.on_auth(target)
-        elif kind is failures.POOL_TIMEOUT:
-            breaker.release(permit)
+        elif kind is failures.POOL_TIMEOUT or kind is failures.UNSUPPORTED:
+            breaker.release(permit)  # the deployment was not asked: no verdict
         elif kind.health_failure:
             breaker.record_failure(permit, failure.retry_after)
             if self.on_health_failure is not None:

@@ -17,7 +17,8 @@ from ballast.routing.attempt import Attempt
 from ballast.routing.attempts import AttemptLoop, Attempts, Exchange, Routable, first_success
 from ballast.routing.targets import Target
 from ballast.upstream.client import Route
-from ballast.upstream.exchange import Reply, UpstreamStream, collect, fetch, open_stream
+from ballast.upstream.collect import collect
+from ballast.upstream.exchange import Reply, UpstreamStream, fetch, open_stream
 
 T = TypeVar("T")
 
@@ -147,13 +148,22 @@ class Dispatch:
             target = attempt.target
             if can_stream and self._as_stream(target):
                 return self._collect(attempt, attempts, call, model)
-            body = target.adapter.body(call, model)
+            adapter = target.adapter
+            body = adapter.body(call, model)
+            wire = adapter.wire(call, model, body, False)
             deadline = (
                 self._whole_answer_deadline(attempt, attempts) if others else attempt.deadline
             )
-            if target.adapter.handles is None:  # the usual case: no route to find first
+            if adapter.handles is None:  # the usual case: no route to find first
                 return fetch(
-                    target.upstream, call.path, body, deadline, self.clock, call.request_id
+                    target.upstream,
+                    call.path,
+                    body,
+                    deadline,
+                    self.clock,
+                    call.request_id,
+                    None,
+                    wire,
                 )
             return self._routed(
                 attempt,
@@ -168,6 +178,7 @@ class Dispatch:
                     self.clock,
                     call.request_id,
                     route,
+                    wire,
                 ),
             )
 
@@ -177,7 +188,9 @@ class Dispatch:
         self, attempt: Attempt, attempts: Attempts, call: Call, model: str
     ) -> Awaitable[Reply]:
         target = attempt.target
-        body = target.adapter.body(AsStream(call), model)
+        as_stream = AsStream(call)
+        body = target.adapter.body(as_stream, model)
+        wire = target.adapter.wire(as_stream, model, body, True)
         path = call.path
         return self._routed(
             attempt,
@@ -193,6 +206,7 @@ class Dispatch:
                 call.request_id,
                 route,
                 attempt.deadline,
+                wire,
             ),
         )
 
@@ -222,6 +236,7 @@ class Dispatch:
     ) -> OpenStream:
         target = attempt.target
         body = target.adapter.body(call, model, prefill)
+        wire = target.adapter.wire(call, model, body, True, prefill)
         stream, held = await self._routed(
             attempt,
             attempts,
@@ -235,6 +250,7 @@ class Dispatch:
                 call.request_id,
                 route,
                 attempt.deadline,
+                wire,
             ),
         )
         attempt.first_token()

@@ -21,6 +21,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
+
 from ballast.config import Settings
 from ballast.resilience.breaker import BreakerState
 from ballast.resilience.clock import Clock
@@ -147,7 +149,9 @@ class Prober:
         method, path, body = request
         upstream = target.upstream
         try:
-            status, _ = await upstream.call_json(method, upstream.base_url + path, body)
+            data = orjson.dumps(body) if body is not None else None
+            wire = target.adapter.probe_wire(method, path, data)
+            status, _ = await upstream.call_json(method, upstream.base_url + path, data, wire)
         except Failure:
             status = 0
         except Exception:

@@ -6,12 +6,9 @@ rule for the request's model (``PUT /sim/behaviour``), the ``*`` rule, the app d
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import math
 import random
-import socket
-import struct
 import time
 import uuid
 from typing import Any
@@ -27,6 +24,9 @@ from ballast.sim.answer import (
     count_words,
     prompt_texts,
 )
+from ballast.sim.anthropic import messages as anthropic_messages
+from ballast.sim.azure import deployment_of as azure_deployment
+from ballast.sim.azure import refusal as azure_refusal
 from ballast.sim.behaviour import Behaviour
 from ballast.sim.bodies import (
     DONE_EVENT,
@@ -38,6 +38,9 @@ from ballast.sim.bodies import (
     fault_error,
     stream_events,
 )
+from ballast.sim.conn import close as _close
+from ballast.sim.conn import pause as _pause
+from ballast.sim.conn import reset as _reset
 from ballast.sim.jobs import add_job_routes
 from ballast.sim.responses import BadInput, max_output_tokens, messages_of, response_body
 from ballast.sim.responses import stream_events as response_events
@@ -46,8 +49,11 @@ from ballast.sim.state import SIM_STATE, SimState, mask_secret
 BEHAVIOUR_HEADER = "x-sim-behaviour"
 ERROR_OUTCOMES = frozenset({"429", "500", "503", "context_length", "content_filter", "409", "401"})
 # Faults that only change a stream; a non-stream request under them is answered normally.
-STREAM_ONLY = frozenset({"no_done"})
-POLL_SECONDS = 0.02
+STREAM_ONLY = frozenset({"no_done", "error_event"})
+ERROR_EVENT = (
+    b'data: {"error": {"message": "The server is overloaded (sim).", "type": "server_error",'
+    b' "param": null, "code": "overloaded"}}\n\n'
+)
 # The send times of a stream's first tokens are logged, so a test can tell what a relay adds.
 MAX_SEND_TIMES = 256
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -57,51 +63,14 @@ HTML_PAGE = (
 )
 
 
-def _gone(request: web.Request) -> bool:
-    transport = request.transport
-    if transport is not None and request.app[SIM_STATE].closing:
-        transport.abort()  # shutting down: end hanging and stalled requests now
-    return transport is None or transport.is_closing()
-
-
-async def _pause(request: web.Request, seconds: float) -> bool:
-    """Sleep ``seconds`` (may be inf); False as soon as the client has gone away."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not _gone(request):
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            return True
-        await asyncio.sleep(min(remaining, POLL_SECONDS))
-    return False
-
-
-def _reset(request: web.Request) -> None:
-    """Abort the connection with a TCP RST (SO_LINGER on, zero timeout)."""
-    transport = request.transport
-    if transport is None:
-        return
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        except OSError:
-            pass
-    transport.abort()
-
-
-def _close(request: web.Request) -> None:
-    """Close the connection (buffered bytes are still sent) without ending the body."""
-    transport = request.transport
-    if transport is not None:
-        transport.close()
-
-
 def _selected_headers(request: web.Request) -> dict[str, str]:
     selected: dict[str, str] = {}
     auth = request.headers.get("authorization")
     if auth is not None:
         selected["authorization"] = mask_secret(auth)
+    api_key = request.headers.get("api-key")  # Azure's credential header
+    if api_key is not None:
+        selected["api-key"] = mask_secret(api_key)
     request_id = request.headers.get("x-request-id")
     if request_id is not None:
         selected["x-request-id"] = request_id
@@ -138,13 +107,15 @@ def _embedding_texts(body: dict[str, Any]) -> list[str]:
     raise _BadRequest("'input' must be a string or a non-empty array (sim)", "input")
 
 
-async def _read_body(request: web.Request) -> dict[str, Any]:
+async def _read_body(request: web.Request, default_model: str | None = None) -> dict[str, Any]:
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError:
         raise _BadRequest("We could not parse the JSON body of your request (sim).") from None
     if not isinstance(body, dict):
         raise _BadRequest("The request body must be a JSON object (sim).")
+    if default_model is not None and not body.get("model"):
+        body["model"] = default_model
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _BadRequest("You must provide a model parameter (sim).", "model")
@@ -166,14 +137,16 @@ def _answer_for(kind: str, body: dict[str, Any], tokens: int) -> Answer:
     return completion_answer(body.get("prompt", ""), tokens, _max_tokens(body))
 
 
-async def _endpoint(request: web.Request, kind: str) -> web.StreamResponse:
+async def _endpoint(
+    request: web.Request, kind: str, default_model: str | None = None
+) -> web.StreamResponse:
     state = request.app[SIM_STATE]
     headers = _selected_headers(request)
     spec = request.headers.get(BEHAVIOUR_HEADER)
     model: str | None = None
     answer: Answer | None = None
     try:
-        body = await _read_body(request)
+        body = await _read_body(request, default_model)
         model = str(body["model"])
         try:
             rule = state.select(model, spec)
@@ -341,6 +314,10 @@ async def _stream(
             if index == cut_at:
                 _close(request)
                 return response
+            if outcome == "error_event" and index == fault_at:
+                await response.write(ERROR_EVENT)
+                await response.write_eof()
+                return response
             wait = behaviour.first_token_delay if index == 0 else behaviour.delay
             if index == 0 and behaviour.tail_p and random.random() < behaviour.tail_p:
                 wait += behaviour.tail_delay
@@ -383,6 +360,24 @@ async def _responses(request: web.Request) -> web.StreamResponse:
 
 async def _embeddings(request: web.Request) -> web.StreamResponse:
     return await _endpoint(request, "embeddings")
+
+
+_KINDS = {"chat/completions": "chat", "completions": "completions", "embeddings": "embeddings"}
+
+
+async def _azure_classic(request: web.Request) -> web.StreamResponse:
+    refused = azure_refusal(request, classic=True)
+    if refused is not None:
+        return refused
+    kind = _KINDS[request.match_info["kind"]]
+    return await _endpoint(request, kind, azure_deployment(request))
+
+
+async def _azure_v1(request: web.Request) -> web.StreamResponse:
+    refused = azure_refusal(request, classic=False)
+    if refused is not None:
+        return refused
+    return await _endpoint(request, _KINDS[request.match_info["kind"]])
 
 
 def _model_object(state: SimState, model_id: str) -> dict[str, Any]:
@@ -441,6 +436,10 @@ def create_app(
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_get("/health", _health)
+    app.router.add_post("/v1/messages", anthropic_messages)
+    kinds = "{kind:chat/completions|completions|embeddings}"
+    app.router.add_post("/openai/deployments/{deployment}/" + kinds, _azure_classic)
+    app.router.add_post("/openai/v1/" + kinds, _azure_v1)
     add_admin_routes(app)
     add_job_routes(app)
     return app

@@ -34,6 +34,9 @@ ALLOWED_PARAMS: dict[str, frozenset[str]] = {
     "stall": _ANSWER | {"after", "seconds"},
     "malformed": _ANSWER | {"at"},
     "no_done": _ANSWER,
+    # A stream that sends `after` tokens, then an in-band error event (the provider's own:
+    # OpenAI's `data: {"error": ...}`, Anthropic's overloaded `error` event) and ends.
+    "error_event": _ANSWER | {"after"},
     "context_length": frozenset(),
     "content_filter": frozenset({"reason"}),
     "409": frozenset({"code"}),

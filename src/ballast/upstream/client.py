@@ -17,6 +17,7 @@ from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.deadline import Deadline
 from ballast.resilience.failures import Failure
 from ballast.upstream import http1, proxy, tls
+from ballast.upstream.codec import Wire
 from ballast.upstream.http1 import (
     Pool,
     Response,
@@ -162,19 +163,31 @@ class Upstream:
             self._pool = None
 
     async def post(
-        self, path: str, body: bytes, request_id: str | None = None, route: Route | None = None
+        self,
+        path: str,
+        body: bytes,
+        request_id: str | None = None,
+        route: Route | None = None,
+        wire: Wire | None = None,
     ) -> Response:
         """Send a request and return once the response headers arrived. Errors before that are
         translated into the taxonomy here, at the adapter's edge. A `route` (a remote resource
-        handle) replaces the base URL and the bearer token."""
+        handle) replaces the base URL and the bearer token; a `wire` (a provider's own format)
+        replaces the method and path and brings its own header lines."""
         extra = b""
         base = self.base_url
+        own_auth = False
         if route is not None:
             base = route.base_url
             extra = _bearer_line(route.token)
+            own_auth = True
         if request_id is not None:
             extra += _request_id_line(request_id)
-        return await self._send("POST", base + path, body, extra, route is not None)
+        if wire is None:
+            return await self._send("POST", base + path, body, extra, own_auth)
+        extra += wire.headers
+        own_auth = own_auth or wire.own_auth
+        return await self._send(wire.method, base + wire.target, body, extra, own_auth)
 
     async def _send(
         self,
@@ -221,15 +234,24 @@ class Upstream:
         except http1.HttpError:
             raise Failure(failures.RESET, "connection reset", deployment=self.id) from None
 
-    async def call_json(self, method: str, url: str, payload: Any | None = None) -> tuple[int, Any]:
-        """A small control-plane call (create or release a remote resource) on the same pool."""
+    async def call_json(
+        self, method: str, url: str, payload: Any | None = None, wire: Wire | None = None
+    ) -> tuple[int, Any]:
+        """A small control-plane call (create or release a remote resource, a probe) on the
+        same pool; `payload` as JSON, or bytes sent as they are; a `wire` brings the
+        provider's own header lines instead of the bearer."""
         budget = self.timeouts.first_token
-        body = orjson.dumps(payload) if payload is not None else None
+        if isinstance(payload, bytes):
+            body: bytes | None = payload
+        else:
+            body = orjson.dumps(payload) if payload is not None else None
         if body is None and method in ("POST", "PUT", "PATCH"):
             body = b""
+        extra = None if wire is None else wire.headers
+        own_auth = wire is not None and wire.own_auth
         try:
             with Deadline(self.clock, self.clock.monotonic() + budget):
-                response = await self._send(method, url, body, None)
+                response = await self._send(method, url, body, extra, own_auth)
                 try:
                     raw = await response.read()
                 finally:

@@ -1,10 +1,10 @@
 """One attempt against one deployment: a whole answer, or a stream guarded by two clocks
-(time to first token, gap between chunks). Every failure leaves here as a classified Failure."""
+(time to first token, gap between chunks). Every failure leaves here as a classified Failure.
+A whole answer read as a stream is collect.py's."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -15,6 +15,7 @@ from ballast.resilience.deadline import Deadline, Watchdog
 from ballast.resilience.failures import Failure
 from ballast.resilience.retry import parse_retry_after
 from ballast.upstream.client import Route, Upstream, relay_headers
+from ballast.upstream.codec import Decoder, Wire
 from ballast.upstream.http1 import HttpError, Response
 from ballast.upstream.sse import DONE, SseSplitter, StreamState, event_data
 
@@ -42,14 +43,17 @@ def _retry_after(response: Response, clock: Clock) -> float | None:
     return parse_retry_after(headers.get("retry-after"), clock)
 
 
-async def _failure_from(response: Response, upstream: Upstream, clock: Clock) -> Failure:
+async def _failure_from(
+    response: Response, upstream: Upstream, clock: Clock, wire: Wire | None
+) -> Failure:
     try:
         body = await response.read(MAX_ERROR_BODY)
     except HttpError:
         body = b""
     finally:
         response.release()
-    return failures.failure_for_status(
+    classify = failures.failure_for_status if wire is None else wire.failure
+    return classify(
         response.status, body, relay_headers(response), _retry_after(response, clock), upstream.id
     )
 
@@ -62,17 +66,19 @@ async def fetch(
     clock: Clock,
     request_id: str | None = None,
     route: Route | None = None,
+    wire: Wire | None = None,
 ) -> Reply:
-    """A non-streaming exchange that must finish before `deadline` (monotonic)."""
+    """A non-streaming exchange that must finish before `deadline` (monotonic); `wire`, a
+    provider's own format, else the OpenAI wire untouched."""
     now = clock.monotonic()
     budget = min(deadline - now, upstream.timeouts.answer)
     if budget <= 0:
         raise Failure(failures.REQUEST_TIMEOUT, "request deadline passed", deployment=upstream.id)
     try:
         with Deadline(clock, now + budget):
-            response = await upstream.post(path, body, request_id, route)
+            response = await upstream.post(path, body, request_id, route, wire)
             if response.status >= 300:
-                raise await _failure_from(response, upstream, clock)
+                raise await _failure_from(response, upstream, clock, wire)
             try:
                 data = await response.read()
             except HttpError:
@@ -89,10 +95,19 @@ async def fetch(
             f"no complete answer within {budget:.1f}s",
             deployment=upstream.id,
         ) from None
-    return _reply(response, data, upstream)
+    return reply_of(response, data, upstream, wire)
 
 
-def _reply(response: Response, data: bytes, upstream: Upstream) -> Reply:
+def reply_of(response: Response, data: bytes, upstream: Upstream, wire: Wire | None) -> Reply:
+    """A whole 2xx answer read to its end, in chat-completion form."""
+    if wire is not None:
+        try:
+            data, translated = wire.answer(data)
+        except ValueError:
+            raise Failure(
+                failures.BAD_RESPONSE, "upstream sent an unusable answer", deployment=upstream.id
+            ) from None
+        return Reply(response.status, relay_headers(response), data, translated)
     try:
         payload = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -111,7 +126,8 @@ _UNREAD = object()  # an event not parsed yet
 
 class UpstreamStream:
     """An open upstream stream. `next_events` yields relayable events (each with its blank-line
-    terminator) and raises a Failure on a stall, a cut, a reset or an in-band error."""
+    terminator) and raises a Failure on a stall, a cut, a reset or an in-band error. A
+    provider's `decoder` turns its own stream into chat events; the default splits SSE."""
 
     def __init__(
         self,
@@ -119,16 +135,18 @@ class UpstreamStream:
         response: Response,
         clock: Clock,
         watchdog: Watchdog | None = None,
+        decoder: Decoder | None = None,
     ) -> None:
         self.upstream = upstream
         self.response = response
         self._watchdog = watchdog or Watchdog(clock)
         self.state = StreamState()
         self._clock = clock
-        self._splitter = SseSplitter()
+        self._splitter: Decoder = SseSplitter() if decoder is None else decoder
         self._inter_chunk = upstream.timeouts.inter_chunk
         self._closed = False
         self._eof = False
+        self._failure: Failure | None = None
         self.until = math.inf  # monotonic: the attempt's deadline bounds the whole stream
 
     @property
@@ -145,6 +163,9 @@ class UpstreamStream:
         The wait for it runs on one clock: the inter-chunk timeout, restarted by every event
         (a comment too: the upstream is alive), or `deadline` (the clock's monotonic time)
         when given, e.g. for the first token."""
+        if self._failure is not None:  # an in-band error, after the events before it
+            failure, self._failure = self._failure, None
+            raise failure
         if self._eof:
             return []
         content = self.response
@@ -181,9 +202,22 @@ class UpstreamStream:
                 ) from None
             if not chunk:
                 return self._finish(out)
-            events = self._splitter.feed(chunk)
+            try:
+                events = self._splitter.feed(chunk)
+            except Failure as failure:  # a provider's in-band error
+                failure.deployment = self.upstream.id
+                raise
             for event in events:
-                if self._take(event):
+                try:
+                    taken = self._take(event)
+                except Failure as failure:
+                    if not out:
+                        raise
+                    # What came before the error reaches the client first: the stream's
+                    # state already counts it as sent.
+                    self._failure = failure
+                    return out
+                if taken:
                     out.append(event + b"\n\n")
                 if self.state.done:
                     self._eof = True
@@ -232,10 +266,15 @@ class UpstreamStream:
         return True
 
     def _finish(self, out: list[bytes]) -> list[bytes]:
-        rest = self._splitter.rest()
-        if rest and self._take(rest):
-            out.append(rest + b"\n\n")
         self._eof = True
+        try:
+            rest = self._splitter.finish()
+        except Failure as failure:
+            failure.deployment = self.upstream.id
+            raise
+        for event in rest:
+            if self._take(event):
+                out.append(event + b"\n\n")
         if self.state.done:
             return out
         if self.state.finished:
@@ -269,17 +308,18 @@ async def open_stream(
     request_id: str | None = None,
     route: Route | None = None,
     until: float = math.inf,
+    wire: Wire | None = None,
 ) -> tuple[UpstreamStream, list[bytes]]:
     """Open a stream and wait for its first token (or its end) within `first_token`.
     Events before the first token (the role chunk) are held back and returned with it, so a
     silent upstream can still be replaced before the client has seen a byte. `until`
     (monotonic) bounds the whole stream: the attempt's deadline."""
     deadline = min(clock.monotonic() + upstream.timeouts.first_token, until)
-    response, watchdog = await _answer_head(
-        upstream, path, body, clock, request_id, route, deadline
+    response, watchdog = await answer_head(
+        upstream, path, body, clock, request_id, route, deadline, wire
     )
     content_type = response.headers.get("content-type") or ""
-    if "text/event-stream" not in content_type:
+    if ("text/event-stream" if wire is None else wire.stream_type) not in content_type:
         watchdog.close()
         response.close()
         raise Failure(
@@ -287,7 +327,9 @@ async def open_stream(
             f"expected an event stream, got {content_type or 'nothing'}",
             deployment=upstream.id,
         )
-    stream = UpstreamStream(upstream, response, clock, watchdog)
+    stream = UpstreamStream(
+        upstream, response, clock, watchdog, None if wire is None else wire.decoder()
+    )
     stream.until = until
     held: list[bytes] = []
     try:
@@ -301,7 +343,7 @@ async def open_stream(
         raise
 
 
-async def _answer_head(
+async def answer_head(
     upstream: Upstream,
     path: str,
     body: bytes,
@@ -309,13 +351,14 @@ async def _answer_head(
     request_id: str | None,
     route: Route | None,
     deadline: float,
+    wire: Wire | None = None,
 ) -> tuple[Response, Watchdog]:
     """Send a request whose answer is awaited on the first-token clock; a 2xx response with
     the stream's one timer (a Watchdog), or the upstream's failure."""
     watchdog = Watchdog(clock)  # the stream's one timer, from the request on
     try:
         with watchdog.until(deadline):
-            response = await upstream.post(path, body, request_id, route)
+            response = await upstream.post(path, body, request_id, route, wire)
     except TimeoutError:
         watchdog.close()
         raise Failure(
@@ -328,68 +371,5 @@ async def _answer_head(
         raise
     if response.status >= 300:
         watchdog.close()
-        raise await _failure_from(response, upstream, clock)
+        raise await _failure_from(response, upstream, clock, wire)
     return response, watchdog
-
-
-async def collect(
-    upstream: Upstream,
-    path: str,
-    body: bytes,
-    clock: Clock,
-    assemble: Callable[[list[bytes]], bytes | None],
-    request_id: str | None = None,
-    route: Route | None = None,
-    until: float = math.inf,
-) -> Reply:
-    """A whole answer asked for as a stream (`body` asks for one), so the two stream clocks
-    guard it: a silent or stalled upstream fails in seconds, not at the request deadline,
-    and the attempt loop fails over before the client has waited long. `assemble` turns the
-    events into the answer's body. An upstream that answers whole anyway (it ignored the
-    request's `stream`) is read as `fetch` reads it, within the attempt's time."""
-    now = clock.monotonic()
-    first = min(now + upstream.timeouts.first_token, until)
-    response, watchdog = await _answer_head(upstream, path, body, clock, request_id, route, first)
-    if not _is_event_stream(response):
-        try:
-            # The stream's one timer guards the whole answer's read instead.
-            with watchdog.until(min(until, now + upstream.timeouts.answer)):
-                data = await response.read()
-        except TimeoutError:
-            raise Failure(
-                failures.REQUEST_TIMEOUT, "no complete answer in time", deployment=upstream.id
-            ) from None
-        except HttpError:
-            raise Failure(
-                failures.RESET, "connection lost while reading the answer", deployment=upstream.id
-            ) from None
-        finally:
-            watchdog.close()
-            response.release()
-        return _reply(response, data, upstream)
-    stream = UpstreamStream(upstream, response, clock, watchdog)
-    stream.until = until
-    events: list[bytes] = []
-    try:
-        state = stream.state
-        while not (state.output or state.finished or stream.exhausted):
-            events.extend(await stream.next_events(first))
-        while not stream.exhausted:
-            events.extend(await stream.next_events())
-    finally:
-        stream.close()
-    assembled = assemble(events)
-    if assembled is None:
-        raise Failure(
-            failures.BAD_RESPONSE, "a streamed answer that does not add up", deployment=upstream.id
-        )
-    return Reply(200, stream.headers, assembled, orjson.loads(assembled))
-
-
-def _is_event_stream(response: Response) -> bool:
-    """Whether the answer is an event stream, read off the raw headers (building the
-    case-insensitive view of every header costs more than this one look)."""
-    for name, value in response.raw_headers:
-        if len(name) == 12 and name.lower() == b"content-type":
-            return b"text/event-stream" in value
-    return False

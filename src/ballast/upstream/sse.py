@@ -35,6 +35,11 @@ class SseSplitter:
         rest, self._buffer = self._buffer.strip(), b""
         return rest
 
+    def finish(self) -> list[bytes]:
+        """The same as a list: the `Decoder` face of the SSE split."""
+        rest = self.rest()
+        return [rest] if rest else []
+
 
 def event_data(event: bytes) -> bytes | None:
     """The data payload of an event, or None for comments and events without data."""

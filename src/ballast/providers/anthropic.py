@@ -1,0 +1,107 @@
+"""Anthropic's Messages API behind the OpenAI chat shape: `x-api-key` and
+`anthropic-version` headers, the request translated (anthropic_request.py) and the answer,
+stream and errors translated back (anthropic_wire.py). Messages goes on from an assistant
+prefill natively, so a stream cut mid-answer is continued, not regenerated."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+
+from ballast.config import AnthropicOptions, Deployment
+from ballast.providers.anthropic_request import Untranslatable, messages_request
+from ballast.providers.anthropic_wire import AnthropicWire
+from ballast.providers.base import Adapter, AdapterContext, Capabilities, OutboundCall
+from ballast.resilience import failures
+from ballast.resilience.failures import Failure
+from ballast.upstream.client import Upstream
+from ballast.upstream.codec import Wire
+from ballast.upstream.http1 import header_lines
+
+_PING = {"role": "user", "content": "ping"}
+
+
+def _thinks(payload: dict[str, Any]) -> bool:
+    thinking = payload.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled")
+
+
+class AnthropicAdapter(Adapter):
+    name: ClassVar[str] = "anthropic"
+
+    def __init__(self, deployment: Deployment, upstream: Upstream, context: AdapterContext):
+        super().__init__(deployment, upstream, context)
+        self.options = deployment.anthropic or AnthropicOptions()
+        self.capabilities = Capabilities(prefill=True, stream_usage=True)
+        headers = {"anthropic-version": self.options.version}
+        if deployment.api_key is not None:
+            headers["x-api-key"] = deployment.api_key.get_secret_value()
+        if self.options.beta is not None:
+            headers["anthropic-beta"] = self.options.beta
+        # A configured header of the same name wins (the Upstream sends those on every call).
+        configured = {name.lower() for name in deployment.headers}
+        self._headers = header_lines({k: v for k, v in headers.items() if k not in configured})
+        # Deployment URLs are written as the API's root, with or without its /v1.
+        self._target = "/messages" if deployment.url.endswith("/v1") else "/v1/messages"
+
+    def body(self, call: OutboundCall, model: str, prefill: str | None = None) -> bytes:
+        if call.path != "/chat/completions":
+            raise Failure(
+                failures.UNSUPPORTED,
+                f"an Anthropic deployment answers chat completions, not {call.path}",
+                deployment=self.upstream.id,
+            )
+        payload = call.payload
+        if call.edits:
+            payload = dict(payload)
+            for key, value in call.edits.items():
+                if value is None:
+                    payload.pop(key, None)
+                else:
+                    payload[key] = value
+        if prefill is not None and _thinks(payload):
+            prefill = None  # see `continues`
+        try:
+            request = messages_request(
+                payload, self.upstream_model(model), self.options.max_tokens, prefill
+            )
+        except Untranslatable as exc:
+            raise Failure(failures.UNSUPPORTED, str(exc), deployment=self.upstream.id) from None
+        return orjson.dumps(request)
+
+    def wire(
+        self,
+        call: OutboundCall,
+        model: str,
+        body: bytes,
+        stream: bool,
+        prefill: str | None = None,
+    ) -> AnthropicWire:
+        options = call.edits.get("stream_options") or call.payload.get("stream_options")
+        usage_wanted = isinstance(options, dict) and bool(options.get("include_usage"))
+        created = int(self.context.clock.time())
+        trim = prefill is not None and prefill != prefill.rstrip()
+        trim = trim and not _thinks(call.payload)
+        return AnthropicWire(
+            self._target, self._headers, self.upstream_model(model), created, usage_wanted, trim
+        )
+
+    def continues(self, call: OutboundCall) -> bool:
+        """Messages goes on from a prefill, except with extended thinking on (a final
+        assistant turn must then open with a thinking block): that answer is regenerated."""
+        return not _thinks(call.payload)
+
+    def probe_wire(self, method: str, path: str, body: bytes | None) -> Wire:
+        return Wire(self._target, self._headers)
+
+    def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
+        """A one-token message when the deployment names its model, else the model list."""
+        kind = self.deployment.probe
+        if kind == "none":
+            return None
+        model = self.deployment.model
+        if kind in ("completion", "auto") and model is not None and model != "*":
+            body = {"model": model, "max_tokens": 1, "messages": [_PING]}
+            return "POST", self._target, body
+        return "GET", self._target.replace("/messages", "/models"), None

@@ -1,0 +1,312 @@
+"""The simulator speaking Anthropic's Messages API: `POST /v1/messages`, whole and streamed,
+with the usual fault menu. The same behaviour specs as the OpenAI wire, in Anthropic's
+terms: `429` is a `rate_limit_error`, `500` an `api_error`, `503` the 529
+`overloaded_error`, `context_length` a "prompt is too long", `content_filter` an answer
+that stops with `refusal`; `malformed` breaks an event, `cut`/`stall` act after `after`
+text deltas, `error_event` sends an `overloaded_error` event after `after` text deltas,
+and `no_done` ends the stream without `message_stop`."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from ballast.sim.admin import json_response
+from ballast.sim.answer import Answer, chat_answer
+from ballast.sim.behaviour import Behaviour
+from ballast.sim.bodies import TOOL_NAME, format_retry_after, tool_arguments
+from ballast.sim.conn import close, pause, reset
+from ballast.sim.state import SIM_STATE, mask_secret
+
+BEHAVIOUR_HEADER = "x-sim-behaviour"
+_ERRORS = frozenset({"429", "500", "503", "context_length", "409", "401"})
+_STOP = {"stop": "end_turn", "length": "max_tokens"}
+_ERROR_EVENT = (
+    b"event: error\ndata: "
+    b'{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded (sim)"}}\n\n'
+)
+
+
+def error(
+    status: int, kind: str, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    body = {"type": "error", "error": {"type": kind, "message": message}}
+    return json_response(body, status, headers)
+
+
+def _fault(behaviour: Behaviour, prompt_tokens: int) -> web.Response:
+    name = behaviour.name
+    if name == "429":
+        headers: dict[str, str] = {}
+        if behaviour.retry_after is not None:
+            headers["retry-after"] = format_retry_after(behaviour.retry_after)
+        return error(
+            429,
+            "rate_limit_error",
+            "Number of requests has exceeded your rate limit (sim)",
+            headers,
+        )
+    if name == "500":
+        return error(500, "api_error", "Internal server error (sim)")
+    if name == "503":
+        return error(529, "overloaded_error", "Overloaded (sim)")
+    if name == "context_length":
+        return error(
+            400,
+            "invalid_request_error",
+            f"prompt is too long: {max(prompt_tokens, 9)} tokens > 8 maximum (sim)",
+        )
+    if name == "401":
+        return error(401, "authentication_error", "invalid x-api-key (sim)")
+    return error(409, "invalid_request_error", f"Conflict (sim: {behaviour.code})")
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's turns in the shape `chat_answer` reads (system text counts as prompt)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages: at least one message is required")
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise ValueError("messages: each message needs role user or assistant")
+    last = messages[-1]
+    if last.get("role") == "assistant":
+        content = last.get("content")
+        text = (
+            content
+            if isinstance(content, str)
+            else "".join(b.get("text", "") for b in content or () if isinstance(b, dict))
+        )
+        if text != text.rstrip():
+            raise ValueError("final assistant content cannot end with trailing whitespace")
+    system = body.get("system")
+    head = [{"role": "system", "content": system}] if system else []
+    return head + messages
+
+
+def _content(answer: Answer, shape: str, number: int) -> list[dict[str, Any]]:
+    if shape == "tool":
+        arguments = orjson.loads("".join(tool_arguments(answer.pieces)))
+        return [
+            {"type": "tool_use", "id": f"toolu_sim_{number}", "name": TOOL_NAME, "input": arguments}
+        ]
+    blocks: list[dict[str, Any]] = []
+    if shape == "reasoning":
+        blocks.append({"type": "thinking", "thinking": "thinking (sim)", "signature": "sig-sim"})
+    blocks.append({"type": "text", "text": answer.text})
+    return blocks
+
+
+def _stop_reason(answer: Answer, shape: str, refused: bool) -> str:
+    if refused:
+        return "refusal"
+    if shape == "tool" and answer.finish_reason == "stop":
+        return "tool_use"
+    return _STOP.get(answer.finish_reason, "end_turn")
+
+
+def _message(number: int, model: str, answer: Answer, shape: str, refused: bool) -> dict[str, Any]:
+    return {
+        "id": f"msg_sim_{number}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [] if refused else _content(answer, shape, number),
+        "stop_reason": _stop_reason(answer, shape, refused),
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": answer.prompt_tokens,
+            "output_tokens": 0 if refused else answer.completion_tokens,
+        },
+    }
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
+
+
+def _events(
+    number: int, model: str, answer: Answer, shape: str, refused: bool
+) -> tuple[list[bytes], int]:
+    """The stream's events and the index of its first content delta."""
+    start = _message(number, model, answer, shape, refused)
+    start.update(content=[], stop_reason=None)
+    start["usage"] = {"input_tokens": answer.prompt_tokens, "output_tokens": 1}
+    out = [_event("message_start", {"message": start})]
+    index = 0
+    if shape == "reasoning" and not refused:
+        out.append(
+            _event(
+                "content_block_start",
+                {"index": 0, "content_block": {"type": "thinking", "thinking": ""}},
+            )
+        )
+        out.append(
+            _event(
+                "content_block_delta",
+                {"index": 0, "delta": {"type": "thinking_delta", "thinking": "thinking (sim)"}},
+            )
+        )
+        out.append(_event("content_block_stop", {"index": 0}))
+        index = 1
+    if shape == "tool":
+        block = {"type": "tool_use", "id": f"toolu_sim_{number}", "name": TOOL_NAME, "input": {}}
+        deltas = [
+            {"type": "input_json_delta", "partial_json": p} for p in tool_arguments(answer.pieces)
+        ]
+    else:
+        block = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": p} for p in answer.pieces]
+    out.append(_event("content_block_start", {"index": index, "content_block": block}))
+    out.append(_event("ping", {}))
+    first = len(out)
+    if not refused:
+        out.extend(_event("content_block_delta", {"index": index, "delta": d}) for d in deltas)
+    out.append(_event("content_block_stop", {"index": index}))
+    usage = {"output_tokens": 0 if refused else answer.completion_tokens}
+    delta = {"stop_reason": _stop_reason(answer, shape, refused), "stop_sequence": None}
+    out.append(_event("message_delta", {"delta": delta, "usage": usage}))
+    out.append(_event("message_stop", {}))
+    return out, first
+
+
+def _selected_headers(request: web.Request) -> dict[str, str]:
+    """What the log keeps of a request's headers: its credentials masked, its id."""
+    selected: dict[str, str] = {}
+    for name in ("x-api-key", "authorization"):
+        value = request.headers.get(name)
+        if value:
+            selected[name] = mask_secret(value)
+    request_id = request.headers.get("x-request-id")
+    if request_id is not None:
+        selected["x-request-id"] = request_id
+    return selected
+
+
+def _refusal(request: web.Request) -> web.Response | None:
+    """Anthropic's answer to a request without its credential or version header."""
+    bearer = request.headers.get("authorization", "").startswith("Bearer ")
+    if not request.headers.get("x-api-key") and not bearer:
+        return error(401, "authentication_error", "x-api-key header is required (sim)")
+    if not request.headers.get("anthropic-version"):
+        return error(400, "invalid_request_error", "anthropic-version header is required (sim)")
+    return None
+
+
+def _read(raw: bytes) -> tuple[dict[str, Any], str, int]:
+    """The body, its model and its max_tokens; ValueError naming what is wrong."""
+    body = orjson.loads(raw)
+    if not isinstance(body, dict):
+        raise ValueError("the body must be an object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ValueError("model: field required")
+    limit = body.get("max_tokens")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ValueError("max_tokens: field required")
+    return body, model, limit
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    state = request.app[SIM_STATE]
+    spec = request.headers.get(BEHAVIOUR_HEADER)
+    headers = _selected_headers(request)
+    refusal = _refusal(request)
+    if refusal is not None:
+        return refusal
+    try:
+        body, model, limit = _read(await request.read())
+        rule = state.select(model, spec)
+        behaviour = rule.behaviour
+        answer = chat_answer(_messages(body), behaviour.tokens, limit)
+    except ValueError as exc:  # orjson's JSONDecodeError is one
+        state.record(model=None, path=request.path, behaviour=spec, outcome="bad_request",
+                     stream=False, prefill=False, headers=headers)  # fmt: skip
+        return error(400, "invalid_request_error", f"{exc} (sim)")
+    except ConnectionError:
+        return web.Response()
+    stream = body.get("stream") is True
+    outcome = behaviour.name
+    if behaviour.is_error_mode and not rule.should_fail(model):
+        outcome = "ok"
+    entry = state.record(model=model, path=request.path, behaviour=behaviour.spec, outcome=outcome,
+                         stream=stream, prefill=answer.prefill, headers=headers)  # fmt: skip
+    if outcome in _ERRORS:
+        return _fault(behaviour, answer.prompt_tokens)
+    if outcome == "reset":
+        reset(request)
+        return web.Response()
+    if outcome == "hang":
+        await pause(request, math.inf)
+        entry["disconnected"] = True
+        return web.Response()
+    before = behaviour.latency + (behaviour.first_token_delay if outcome == "slow_first" else 0.0)
+    if not stream and outcome == "stall":
+        before += behaviour.seconds
+    if before > 0 and not await pause(request, before):
+        entry["disconnected"] = True
+        return web.Response()
+    number = state.next_id()
+    refused = outcome == "content_filter"
+    if not stream:
+        entry["tokens"] = 0 if refused else answer.completion_tokens
+        data = orjson.dumps(_message(number, model, answer, behaviour.shape, refused))
+        return web.Response(
+            body=b"{not json" if outcome == "malformed" else data, content_type="application/json"
+        )
+    events, first = _events(number, model, answer, behaviour.shape, refused)
+    return await _stream(request, entry, behaviour, outcome, events, first)
+
+
+async def _stream(
+    request: web.Request,
+    entry: dict[str, Any],
+    behaviour: Behaviour,
+    outcome: str,
+    events: list[bytes],
+    first: int,
+) -> web.StreamResponse:
+    fault_at = first + behaviour.after
+    response = web.StreamResponse(
+        headers={"Cache-Control": "no-cache", "request-id": f"req_sim_{time.monotonic_ns()}"}
+    )
+    response.content_type = "text/event-stream"
+    if outcome == "no_done":
+        events = events[:-1]
+        response.force_close()
+    try:
+        await response.prepare(request)
+        for index, event in enumerate(events):
+            if outcome == "cut" and index == fault_at:
+                close(request)
+                return response
+            if outcome == "error_event" and index == fault_at:
+                await response.write(_ERROR_EVENT)
+                await response.write_eof()
+                return response
+            wait = (
+                behaviour.first_token_delay
+                if index == first
+                else behaviour.delay
+                if index > first
+                else 0.0
+            )
+            if outcome == "slow_first":
+                wait = 0.0 if index == first else behaviour.delay if index > first else 0.0
+            if outcome == "stall" and index == fault_at:
+                wait += behaviour.seconds
+            if wait > 0 and not await pause(request, wait):
+                raise ConnectionResetError("client went away")
+            if outcome == "malformed" and index == first + behaviour.at:
+                event = b"event: content_block_delta\ndata: {not json\n\n"
+            await response.write(event)
+            if index >= first and b'"content_block_delta"' in event:
+                entry["tokens"] += 1
+        await response.write_eof()
+    except ConnectionError:
+        entry["disconnected"] = True
+    return response

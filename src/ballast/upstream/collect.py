@@ -1,0 +1,85 @@
+"""A whole answer asked for as a stream, so the two stream clocks guard it too."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import orjson
+
+from ballast.resilience import failures
+from ballast.resilience.clock import Clock
+from ballast.resilience.failures import Failure
+from ballast.upstream.client import Route, Upstream
+from ballast.upstream.codec import Wire
+from ballast.upstream.exchange import Reply, UpstreamStream, answer_head, reply_of
+from ballast.upstream.http1 import HttpError, Response
+
+
+async def collect(
+    upstream: Upstream,
+    path: str,
+    body: bytes,
+    clock: Clock,
+    assemble: Callable[[list[bytes]], bytes | None],
+    request_id: str | None = None,
+    route: Route | None = None,
+    until: float = math.inf,
+    wire: Wire | None = None,
+) -> Reply:
+    """A whole answer asked for as a stream (`body` asks for one), so the two stream clocks
+    guard it: a silent or stalled upstream fails in seconds, not at the request deadline,
+    and the attempt loop fails over before the client has waited long. `assemble` turns the
+    events into the answer's body. An upstream that answers whole anyway (it ignored the
+    request's `stream`) is read as `fetch` reads it, within the attempt's time."""
+    now = clock.monotonic()
+    first = min(now + upstream.timeouts.first_token, until)
+    response, watchdog = await answer_head(
+        upstream, path, body, clock, request_id, route, first, wire
+    )
+    stream_type = b"text/event-stream" if wire is None else wire.stream_type.encode()
+    if not _is_stream(response, stream_type):
+        try:
+            # The stream's one timer guards the whole answer's read instead.
+            with watchdog.until(min(until, now + upstream.timeouts.answer)):
+                data = await response.read()
+        except TimeoutError:
+            raise Failure(
+                failures.REQUEST_TIMEOUT, "no complete answer in time", deployment=upstream.id
+            ) from None
+        except HttpError:
+            raise Failure(
+                failures.RESET, "connection lost while reading the answer", deployment=upstream.id
+            ) from None
+        finally:
+            watchdog.close()
+            response.release()
+        return reply_of(response, data, upstream, wire)
+    stream = UpstreamStream(
+        upstream, response, clock, watchdog, None if wire is None else wire.decoder()
+    )
+    stream.until = until
+    events: list[bytes] = []
+    try:
+        state = stream.state
+        while not (state.output or state.finished or stream.exhausted):
+            events.extend(await stream.next_events(first))
+        while not stream.exhausted:
+            events.extend(await stream.next_events())
+    finally:
+        stream.close()
+    assembled = assemble(events)
+    if assembled is None:
+        raise Failure(
+            failures.BAD_RESPONSE, "a streamed answer that does not add up", deployment=upstream.id
+        )
+    return Reply(200, stream.headers, assembled, orjson.loads(assembled))
+
+
+def _is_stream(response: Response, stream_type: bytes) -> bool:
+    """Whether the answer is a stream, read off the raw headers (building the
+    case-insensitive view of every header costs more than this one look)."""
+    for name, value in response.raw_headers:
+        if len(name) == 12 and name.lower() == b"content-type":
+            return stream_type in value
+    return False

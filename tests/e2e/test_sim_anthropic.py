@@ -1,0 +1,97 @@
+"""The simulator's Anthropic wire, read by the official `anthropic` SDK: if the SDK cannot
+parse what it sends, the simulator is wrong."""
+
+from __future__ import annotations
+
+import anthropic
+import pytest
+
+from tests.stack import Stack
+
+TEXT = "".join(f"tok{i} " for i in range(16))
+
+
+@pytest.fixture
+def client(stack: Stack) -> anthropic.Anthropic:
+    sim = stack.sim()
+    return anthropic.Anthropic(base_url=sim.url, api_key="sk-ant-test", max_retries=0)
+
+
+def test_text_whole_and_streamed(client: anthropic.Anthropic) -> None:
+    message = client.messages.create(
+        model="claude-sim",
+        max_tokens=64,
+        system="be brief",
+        messages=[{"role": "user", "content": "hello"}],
+    )
+    assert message.content[0].type == "text" and message.content[0].text == TEXT
+    assert message.stop_reason == "end_turn" and message.usage.output_tokens == 16
+    with client.messages.stream(
+        model="claude-sim", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == TEXT and final.usage.output_tokens == 16 and final.stop_reason == "end_turn"
+
+
+def test_tools_whole_and_streamed(client: anthropic.Anthropic) -> None:
+    tools = [{"name": "lookup", "input_schema": {"type": "object"}}]
+    headers = {"x-sim-behaviour": "ok?shape=tool&tokens=3"}
+    message = client.messages.create(
+        model="claude-sim",
+        max_tokens=64,
+        tools=tools,  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": "look it up"}],
+        extra_headers=headers,
+    )
+    block = message.content[0]
+    assert block.type == "tool_use" and block.name == "lookup"
+    assert block.input == {"q": "tok0 tok1 tok2 "} and message.stop_reason == "tool_use"
+    with client.messages.stream(
+        model="claude-sim",
+        max_tokens=64,
+        tools=tools,  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": "look it up"}],
+        extra_headers=headers,
+    ) as stream:
+        final = stream.get_final_message()
+    streamed = final.content[0]
+    assert streamed.type == "tool_use" and streamed.input == {"q": "tok0 tok1 tok2 "}
+
+
+def test_errors_are_anthropic_errors(client: anthropic.Anthropic) -> None:
+    ask = {"model": "claude-sim", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
+    with pytest.raises(anthropic.RateLimitError):
+        client.messages.create(**ask, extra_headers={"x-sim-behaviour": "429?retry_after=1"})  # type: ignore[arg-type]
+    with pytest.raises(anthropic.InternalServerError) as overloaded:
+        client.messages.create(**ask, extra_headers={"x-sim-behaviour": "503"})  # type: ignore[arg-type]
+    assert overloaded.value.status_code == 529
+    with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
+        client.messages.create(**ask, extra_headers={"x-sim-behaviour": "context_length"})  # type: ignore[arg-type]
+
+
+def test_a_prefill_is_continued(client: anthropic.Anthropic) -> None:
+    message = client.messages.create(
+        model="claude-sim",
+        max_tokens=64,
+        messages=[
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "tok0 tok1"},
+        ],
+    )
+    assert message.content[0].type == "text"
+    assert "tok1 " + message.content[0].text.lstrip() == TEXT[len("tok0 ") :]
+
+
+def test_an_error_event_mid_stream_is_an_sdk_error(client: anthropic.Anthropic) -> None:
+    text = ""
+    with pytest.raises(anthropic.APIStatusError, match="Overloaded"):
+        with client.messages.stream(
+            model="claude-sim",
+            max_tokens=64,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"x-sim-behaviour": "error_event?after=3"},
+        ) as stream:
+            for piece in stream.text_stream:
+                text += piece
+    assert text == "tok0 tok1 tok2 "
