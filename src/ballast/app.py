@@ -167,7 +167,7 @@ class BallastApp:
             self.dispatcher.start()
         self.pipeline.cache = build_cache(self.settings, self.state.store, self.clock)
         await self.router.start()
-        self.observer.metrics.deployments(self.router.targets)
+        self.observer.metrics.deployments(self.router.targets.values())
         self.observer.metrics.start()
         self.reloader.install_signal_handler()
         self.ready = True

@@ -174,7 +174,7 @@ class Reloader:
         app.openai = handlers
         app.pipeline = pipeline
         self.reloads += 1
-        app.observer.metrics.deployments(router.targets)
+        app.observer.metrics.deployments(router.targets.values())
         app.observer.note(
             "reload",
             {"generation": new.number, "deployments": len(router.targets)},
