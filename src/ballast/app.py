@@ -162,6 +162,7 @@ class BallastApp:
         )
         await access.start()
         self.pipeline.access = access
+        self.observer.budget_left = access.budget_left
         self.jobs.access = access
         if self.dispatcher is not None:
             self.dispatcher.start()

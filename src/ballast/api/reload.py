@@ -80,7 +80,13 @@ class Generation:
             if self.in_flight == 0 and self._idle is not None:
                 self._idle.set()
             try:
-                self.observer.request(trace, scope.get("ballast.request"), self.router, path)
+                self.observer.request(
+                    trace,
+                    scope.get("ballast.request"),
+                    self.router,
+                    path,
+                    scope.get("ballast.client_gone", False),
+                )
             except Exception:
                 log.exception("could not record a request")
 

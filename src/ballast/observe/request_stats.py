@@ -23,13 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger("ballast.metrics")
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# The OpenTelemetry GenAI semantic conventions' advice for gen_ai.client.token.usage.
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 SNAPSHOT_PREFIX = "ballast-requests-"
 
@@ -46,6 +53,13 @@ class _Timing:
         self.ttft_sum = 0.0
 
 
+# (model, deployment, provider, shape, key id): what was asked and spent.
+UsageKey = tuple[str, str, str, str, str]
+# (operation, provider, model, deployment, shape, token type): a token histogram's series.
+TokenKey = tuple[str, str, str, str, str, str]
+REQUESTS, INPUT, OUTPUT, CACHED, COST = range(5)
+
+
 class RequestStats:
     """This process's request counters since it started."""
 
@@ -53,7 +67,51 @@ class RequestStats:
         self.counts: dict[tuple[str, str, str, str], int] = {}
         self.timings: dict[tuple[str, str], _Timing] = {}
         self.attempts: dict[str, int] = {}
+        # [requests, input tokens, output tokens, cached input tokens, dollars]
+        self.usage: dict[UsageKey, list[float]] = {}
+        # bucket counts (the last is +Inf), then the sum
+        self.tokens: dict[TokenKey, list[int]] = {}
+        self.cache: dict[tuple[str, str], int] = {}  # (model, hit|miss|bypass)
+        self.budget: dict[str, float] = {}  # key id -> dollars left in the period
         self.changed = False
+
+    def record_usage(
+        self,
+        key: UsageKey,
+        operation: str,
+        input_tokens: int,
+        output_tokens: int,
+        cached_tokens: int,
+        cost: float,
+    ) -> None:
+        """An answered request's tokens and dollars (after `record`, off the hot path's
+        critical part: a few dict operations)."""
+        row = self.usage.get(key)
+        if row is None:
+            row = self.usage[key] = [0, 0, 0, 0, 0.0]
+        row[REQUESTS] += 1
+        row[INPUT] += input_tokens
+        row[OUTPUT] += output_tokens
+        row[CACHED] += cached_tokens
+        row[COST] += cost
+        model, deployment, provider, shape, _ = key
+        for kind, n in (("input", input_tokens), ("output", output_tokens)):
+            series = (operation, provider, model, deployment, shape, kind)
+            counts = self.tokens.get(series)
+            if counts is None:
+                counts = self.tokens[series] = [0] * (len(TOKEN_BUCKETS) + 2)
+            counts[bisect_left(TOKEN_BUCKETS, n)] += 1
+            counts[-1] += n
+        self.changed = True
+
+    def record_cache(self, model: str, status: str) -> None:
+        key = (model, status)
+        self.cache[key] = self.cache.get(key, 0) + 1
+        self.changed = True
+
+    def record_budget(self, key_id: str, remaining: float) -> None:
+        self.budget[key_id] = remaining
+        self.changed = True
 
     def record(
         self,
@@ -94,6 +152,28 @@ class RequestStats:
             mine.ttft_sum += theirs.ttft_sum
         for model, n in other.attempts.items():
             self.attempts[model] = self.attempts.get(model, 0) + n
+        self._add_usage(other)
+
+    def _add_usage(self, other: RequestStats) -> None:
+        for usage_key, theirs in other.usage.items():
+            row = self.usage.get(usage_key)
+            if row is None:
+                row = self.usage[usage_key] = [0, 0, 0, 0, 0.0]
+            for i, amount in enumerate(theirs):
+                row[i] += amount
+        for series, their_counts in other.tokens.items():
+            counts = self.tokens.get(series)
+            if counts is None:
+                counts = self.tokens[series] = [0] * (len(TOKEN_BUCKETS) + 2)
+            for i, count in enumerate(their_counts):
+                counts[i] += count
+        for cache_key, count in other.cache.items():
+            self.cache[cache_key] = self.cache.get(cache_key, 0) + count
+        for key_id, left in other.budget.items():
+            # Each worker saw the shared spend at its last request: the least left is the
+            # latest figure (spend only grows within a period).
+            known = self.budget.get(key_id)
+            self.budget[key_id] = left if known is None else min(known, left)
 
     def dumps(self) -> bytes:
         return orjson.dumps(
@@ -104,6 +184,10 @@ class RequestStats:
                     for key, t in self.timings.items()
                 ],
                 "attempts": self.attempts,
+                "usage": [[*key, *row] for key, row in self.usage.items()],
+                "tokens": [[*key, *counts] for key, counts in self.tokens.items()],
+                "cache": [[*key, n] for key, n in self.cache.items()],
+                "budget": self.budget,
             }
         )
 
@@ -125,6 +209,26 @@ class RequestStats:
                 timing.ttft_sum = float(ttft_sum)
                 stats.timings[(str(model), str(dep))] = timing
             stats.attempts = {str(k): int(v) for k, v in raw["attempts"].items()}
+            for model, dep, provider, shape, key_id, requests, inp, out, cached, cost in raw[
+                "usage"
+            ]:
+                usage_key = (str(model), str(dep), str(provider), str(shape), str(key_id))
+                stats.usage[usage_key] = [
+                    int(requests),
+                    int(inp),
+                    int(out),
+                    int(cached),
+                    float(cost),
+                ]
+            for row in raw["tokens"]:
+                operation, provider, model, dep, shape, kind = (str(n) for n in row[:6])
+                counts = [int(n) for n in row[6:]]
+                if len(counts) != len(TOKEN_BUCKETS) + 2:
+                    raise ValueError("token buckets differ")
+                stats.tokens[(operation, provider, model, dep, shape, kind)] = counts
+            for model, status, n in raw["cache"]:
+                stats.cache[(str(model), str(status))] = int(n)
+            stats.budget = {str(k): float(v) for k, v in raw["budget"].items()}
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a request stats snapshot: {exc}") from None
         return stats
@@ -175,6 +279,83 @@ class StatsCollector(Collector):
         for model, n in sorted(stats.attempts.items()):
             attempts.add_metric([model], float(n))
         yield from (requests, latency, ttft, attempts)
+        yield from _genai_timings(stats)
+        yield from _usage_families(stats)
+
+
+def _genai_timings(stats: RequestStats) -> Iterator[Metric]:
+    """The same histograms under the OpenTelemetry GenAI names (gen_ai.client.operation.
+    duration, gen_ai.server.time_to_first_token): built at scrape, nothing per request."""
+    labels = ["gen_ai_request_model", "deployment"]
+    duration = HistogramMetricFamily(
+        "gen_ai_client_operation_duration_seconds",
+        "GenAI operation duration (OpenTelemetry semantic conventions).",
+        labels=labels,
+    )
+    ttft = HistogramMetricFamily(
+        "gen_ai_server_time_to_first_token_seconds",
+        "Streams: time to the first token sent (OpenTelemetry semantic conventions).",
+        labels=labels,
+    )
+    for pair, t in sorted(stats.timings.items()):
+        duration.add_metric(list(pair), _buckets(LATENCY_BUCKETS, t.latency), t.latency_sum)
+        ttft.add_metric(list(pair), _buckets(TTFT_BUCKETS, t.ttft), t.ttft_sum)
+    yield from (duration, ttft)
+
+
+def _usage_families(stats: RequestStats) -> Iterator[Metric]:
+    """Tokens, dollars, cache results and budgets: what on-call and finance both read."""
+    usage_labels = ["model", "deployment", "provider", "shape", "key_id"]
+    tokens = CounterMetricFamily(
+        "ballast_tokens",
+        "Tokens by type (input, output, cached: input tokens the upstream served from its"
+        " prompt cache).",
+        labels=[*usage_labels, "type"],
+    )
+    cost = CounterMetricFamily(
+        "ballast_cost_dollars", "Dollars spent, at the configured prices.", labels=usage_labels
+    )
+    answered = CounterMetricFamily(
+        "ballast_answered_requests",
+        "Answered requests with their usage accounted.",
+        labels=usage_labels,
+    )
+    for key, row in sorted(stats.usage.items()):
+        labels = list(key)
+        tokens.add_metric([*labels, "input"], float(row[INPUT]))
+        tokens.add_metric([*labels, "output"], float(row[OUTPUT]))
+        tokens.add_metric([*labels, "cached"], float(row[CACHED]))
+        cost.add_metric(labels, float(row[COST]))
+        answered.add_metric(labels, float(row[REQUESTS]))
+    usage = HistogramMetricFamily(
+        "gen_ai_client_token_usage",
+        "Tokens per request (OpenTelemetry GenAI semantic conventions).",
+        labels=[
+            "gen_ai_operation_name",
+            "gen_ai_provider_name",
+            "gen_ai_request_model",
+            "deployment",
+            "shape",
+            "gen_ai_token_type",
+        ],
+    )
+    for series, counts in sorted(stats.tokens.items()):
+        usage.add_metric(list(series), _buckets(TOKEN_BUCKETS, counts[:-1]), float(counts[-1]))
+    cache = CounterMetricFamily(
+        "ballast_cache_requests",
+        "Response cache lookups by result (hit, miss, bypass).",
+        labels=["model", "result"],
+    )
+    for pair, n in sorted(stats.cache.items()):
+        cache.add_metric(list(pair), float(n))
+    budget = GaugeMetricFamily(
+        "ballast_key_budget_remaining_dollars",
+        "Dollars left in the key's budget period, as of its last request.",
+        labels=["key_id"],
+    )
+    for key_id, left in sorted(stats.budget.items()):
+        budget.add_metric([key_id], left)
+    yield from (tokens, cost, answered, usage, cache, budget)
 
 
 class Snapshots:

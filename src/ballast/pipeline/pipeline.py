@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ballast.cache.replay import is_complete
 from ballast.config import ModelGroup, Settings
+from ballast.pipeline.access import token_counts
 from ballast.pipeline.asgi import (
     EVENT_STREAM,
     JSON,
@@ -132,10 +133,12 @@ class Pipeline:
                 watch.stop()
             await self._failed(failure, responder)
         except ClientGone:
+            scope["ballast.client_gone"] = True
             return
         except asyncio.CancelledError:
             if watch is None or not watch.fired:
                 raise
+            scope["ballast.client_gone"] = True  # the request log's outcome
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
@@ -205,6 +208,7 @@ class Pipeline:
         watch.stop()
         payload = reply.payload if isinstance(reply.payload, dict) else {}
         model = payload.get("model")
+        ctx.upstream_headers = reply.headers
         self._settle(
             ctx, model if isinstance(model, str) else ctx.model, payload.get("usage"), None
         )
@@ -226,6 +230,7 @@ class Pipeline:
             strip_usage = False
         ctx.attempts = attempts = self.router.loop.begin(stream=True)
         opened = await self._open(ctx, group, attempts, responder, send)
+        ctx.upstream_headers = opened.stream.headers
         relay = Relay(self.router.dispatch, ctx, group, opened, attempts, self.continuation)
         relay.strip_usage = strip_usage
         try:
@@ -301,5 +306,9 @@ class Pipeline:
         if ctx.settled:
             return
         ctx.settled = True
+        ctx.usage = usage
+        ctx.answered_model = model or None
+        if isinstance(usage, dict):
+            ctx.tokens = token_counts(usage)
         if self.access is not None and ctx.ticket is not None:
             self.access.settle(ctx.ticket, model, usage, deployment)
