@@ -19,6 +19,7 @@ from ballast.api.openai import OpenAIHandlers
 from ballast.config import ConfigError, Settings, load_settings
 from ballast.heap import settle_after_retire
 from ballast.observe.hub import Observer, Trace
+from ballast.observe.tracing import request_attributes
 from ballast.pipeline.asgi import Receive, Scope, Send
 from ballast.pipeline.pipeline import Pipeline
 from ballast.resilience.clock import Clock
@@ -73,8 +74,13 @@ class Generation:
             if tracer is None:
                 await self.handlers.proxy(scope, receive, trace.send, path)
             else:
-                with tracer.span("ballast.request", path=path):
-                    await self.handlers.proxy(scope, receive, trace.send, path)
+                with tracer.span("ballast.request", path=path) as span:
+                    try:
+                        await self.handlers.proxy(scope, receive, trace.send, path)
+                    finally:
+                        attributes = request_attributes(path, scope.get("ballast.request"))
+                        attributes["http.response.status_code"] = trace.status or None
+                        tracer.annotate(span, attributes)
         finally:
             self.in_flight -= 1
             if self.in_flight == 0 and self._idle is not None:

@@ -49,6 +49,7 @@ class RequestContext:
     usage: Any = None  # the usage the upstream reported
     tokens: tuple[int, int] | None = None  # (prompt, completion) from that usage
     answered_model: str | None = None  # the model name in the answer
+    finish_reason: str | None = None  # the answer's first choice's
     upstream_headers: Any = None  # the answering upstream's headers (its request id)
     _credential: str | None = None
 

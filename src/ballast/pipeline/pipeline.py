@@ -61,6 +61,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ballast.api")
 
+
+def finish_reason(payload: dict[str, Any]) -> str | None:
+    """The first choice's finish reason of a whole answer (traces record it)."""
+    choices = payload.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        reason = choices[0].get("finish_reason")
+        return reason if isinstance(reason, str) else None
+    return None
+
+
 _ID_PREFIX = os.urandom(4).hex()
 _ids = itertools.count(1)
 
@@ -209,6 +219,7 @@ class Pipeline:
         payload = reply.payload if isinstance(reply.payload, dict) else {}
         model = payload.get("model")
         ctx.upstream_headers = reply.headers
+        ctx.finish_reason = finish_reason(payload)
         self._settle(
             ctx, model if isinstance(model, str) else ctx.model, payload.get("usage"), None
         )
@@ -247,6 +258,7 @@ class Pipeline:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             relay.close()
+        ctx.finish_reason = relay.opened.stream.state.finish_reason
         self._settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
 
     async def _open(
