@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 
 from ballast.api.admin import Admin
+from ballast.api.fleet import Fleet
 from ballast.api.jobs import JobsApi
 from ballast.api.keys_admin import KeysAdmin
 from ballast.api.openai import OpenAIHandlers
@@ -79,7 +80,8 @@ class BallastApp:
         # A config reload swaps in a new generation; a request runs on the one it began on.
         self.generation = Generation(1, settings, self.router, self.openai, self.observer)
         self.reloader = Reloader(self)
-        self.admin = Admin(self, self.reloader)
+        self.fleet = Fleet(self.state, settings.fleet, settings.state.redis_url)
+        self.admin = Admin(self, self.reloader, self.fleet)
         KeysAdmin(self.state, settings.server.max_body_bytes).register(self.admin)
         # Jobs: the dispatcher runs only when job backends are configured.
         self.job_store = JobStore(self.state.db, clock, settings.jobs.lease_time)
@@ -157,6 +159,7 @@ class BallastApp:
 
     async def startup(self) -> None:
         await self.state.start()
+        await self.fleet.start()
         access = Access(
             self.settings, self.state.keys, self.state.limiter, self.state.spend, self.clock
         )
@@ -176,6 +179,7 @@ class BallastApp:
     async def shutdown(self) -> None:
         self.ready = False
         await self.reloader.close()
+        await self.fleet.close()
         await self.router.close()
         if self.dispatcher is not None:
             await self.dispatcher.close()  # in-flight results written, leases handed back

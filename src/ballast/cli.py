@@ -186,8 +186,11 @@ def _with_state(config: Path, work: Callable[[StateHub], Awaitable[T]]) -> T:
 
     settings = _load_or_exit(config)
 
+    from ballast.api.fleet import announce_key_changes
+
     async def run() -> T:
         hub = StateHub(settings)
+        announce_key_changes(hub)  # a key revoked here reaches every running gateway
         try:
             await hub.db.upgrade()
             return await work(hub)

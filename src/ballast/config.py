@@ -376,6 +376,23 @@ class ObserveSettings(_Strict):
     )
 
 
+class FleetSettings(_Strict):
+    """How admin actions (drain, enable, reload, key changes) reach every worker and
+    instance: at once over local sockets and Redis pub/sub; by polling the database's
+    command log as the fallback."""
+
+    fallback_poll: float = Field(
+        0.5, gt=0, description="command log polling while Redis is down or not configured"
+    )
+    safety_poll: float = Field(
+        5.0, gt=0, description="command log polling while Redis pub/sub carries commands"
+    )
+    heartbeat: float = Field(
+        1.0, gt=0, description="each worker's summary written to Redis for the fleet view"
+    )
+    peer_timeout: float = Field(0.5, gt=0, description="asking another worker of this instance")
+
+
 class JobBreakerSettings(_Strict):
     """Counts submission and infrastructure failures of one job backend, never a job that
     is still running. The half-open trial frees itself after `probe_timeout`."""
@@ -432,6 +449,7 @@ class Settings(_Strict):
     routing: RoutingSettings = RoutingSettings()
     state: StateSettings = StateSettings()
     observe: ObserveSettings = ObserveSettings()
+    fleet: FleetSettings = FleetSettings()
     jobs: JobsSettings = JobsSettings()
     prices: dict[str, ModelPrice] = Field(
         default_factory=dict, description="per model name as upstreams report it"
