@@ -1,0 +1,56 @@
+"""`ballast serve` says what it serves, with one worker as with several: the address, the
+number of workers, the models and the state backends, with no secret in the line."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.stack import Stack, deployment, free_port, group
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_prints_a_startup_line(stack: Stack, tmp_path: Path, workers: int) -> None:
+    sim = stack.sim()
+    path = tmp_path / "ballast.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "server": {"master_key": "sk-master-startup-secret"},
+                "state": {
+                    "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
+                    "redis_url": "redis://default:redis-startup-secret@127.0.0.1:1/0",
+                },
+                "models": [
+                    group("chat", deployment("a", sim)),
+                    group("embed", deployment("b", sim)),
+                ],
+            }
+        )
+    )
+    port = free_port()
+    command = [sys.executable, "-m", "ballast", "serve", "--config", str(path)]
+    command += ["--port", str(port), "--workers", str(workers), "--log-format", "text"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, cwd=tmp_path)
+    assert process.stderr is not None
+    line = b""
+    deadline = time.monotonic() + 30
+    try:
+        while b"Ballast serving on" not in line and time.monotonic() < deadline:
+            line = process.stderr.readline()
+            assert line or process.poll() is None
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+    text = line.decode()
+    plural = "worker" if workers == 1 else "workers"
+    assert f"http://127.0.0.1:{port} with {workers} {plural}" in text
+    assert "models: chat, embed" in text and "database: sqlite" in text
+    assert "redis: redis://default:****@127.0.0.1:1/0" in text
+    assert "secret" not in text
