@@ -289,6 +289,38 @@ class Admin:
             "database": self._backend("database"),
             "jobs": {"status": "no jobs backend configured"},
             "last_event": last,
+            "usage": self.usage(),
+            "failures": list(reversed(app.observer.failures))[:20],
+        }
+
+    def usage(self) -> dict[str, Any]:
+        """Tokens and dollars since start by key and by model (every worker's, where the
+        workers share their counters), with each key's budget left as last seen."""
+        metrics = self.app.observer.metrics
+        stats = metrics.snapshots.merged() if metrics.snapshots is not None else metrics.stats
+        by_key: dict[str, list[float]] = {}
+        by_model: dict[str, list[float]] = {}
+        for (model, _dep, _provider, _shape, key_id), row in stats.usage.items():
+            for table, name in ((by_key, key_id), (by_model, model)):
+                total = table.setdefault(name, [0, 0, 0, 0, 0.0])
+                for i, amount in enumerate(row):
+                    total[i] += amount
+
+        def rows(table: dict[str, list[float]], label: str) -> list[dict[str, Any]]:
+            out = []
+            for name, (requests, inp, output, cached, cost) in sorted(table.items()):
+                line = {label: name, "requests": int(requests), "input_tokens": int(inp)}
+                line.update(output_tokens=int(output), cached_tokens=int(cached), cost=cost)
+                if label == "key_id":
+                    line["budget_left"] = stats.budget.get(name)
+                out.append(line)
+            return out
+
+        total_cost = sum(row[4] for row in by_model.values())
+        return {
+            "by_key": rows(by_key, "key_id"),
+            "by_model": rows(by_model, "model"),
+            "cost": total_cost,
         }
 
     def _backend(self, name: str) -> dict[str, Any]:
