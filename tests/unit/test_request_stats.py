@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ballast.observe.request_stats import RequestStats, Snapshots, StatsCollector
+from ballast.observe.families import StatsCollector
+from ballast.observe.request_stats import RequestStats, Snapshots
 
 
 def samples(stats: RequestStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -24,7 +24,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ballast.observe.request_stats import RequestStats, Snapshots, StatsCollector
+from ballast.observe.families import StatsCollector
+from ballast.observe.request_stats import RequestStats, Snapshots
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
