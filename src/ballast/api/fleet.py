@@ -22,7 +22,6 @@ import contextlib
 import functools
 import logging
 import os
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -54,6 +53,7 @@ def instance_id() -> str:
 class Fleet:
     def __init__(self, hub: StateHub, settings: FleetSettings, redis_url: str | None) -> None:
         self.hub = hub
+        self.clock = hub.clock
         self.settings = settings
         self.instance = instance_id()
         self.worker = f"{self.instance}/{os.getpid()}"
@@ -222,7 +222,7 @@ class Fleet:
                         "admin channel lost (%s); polling the command log", type(exc).__name__
                     )
                 self.subscribed = False
-                await asyncio.sleep(1.0)
+                await self.clock.sleep(1.0)
             finally:
                 with contextlib.suppress(Exception):
                     await client.aclose()
@@ -232,7 +232,7 @@ class Fleet:
             store = self.hub.store
             redis_ok = self.subscribed and store is not None and store.healthy
             interval = self.settings.safety_poll if redis_ok else self.settings.fallback_poll
-            await asyncio.sleep(interval)
+            await self.clock.sleep(interval)
             try:
                 for seq, command in await self.commands.since(self._last_seq):
                     self._last_seq = seq
@@ -245,13 +245,13 @@ class Fleet:
         assert store is not None
         while True:
             try:
-                beat = orjson.dumps({"ts": time.time(), "summary": self.summary()})
+                beat = orjson.dumps({"ts": self.clock.time(), "summary": self.summary()})
                 await store.call(functools.partial(_hset, field=self.worker, value=beat))
             except StoreUnavailable:
                 pass
             except Exception:
                 log.exception("could not write this worker's heartbeat")
-            await asyncio.sleep(self.settings.heartbeat)
+            await self.clock.sleep(self.settings.heartbeat)
 
     # -- the fleet's state --------------------------------------------------------------
 
@@ -281,7 +281,7 @@ class Fleet:
             raw = await store.call(lambda r: r.hgetall(HEARTBEATS))
         except StoreUnavailable:
             return [], False
-        now = time.time()
+        now = self.clock.time()
         fresh, dead = [], []
         for name, data in raw.items():
             try:
@@ -325,7 +325,7 @@ async def publish(hub: StateHub, command: Command) -> bool:
 async def record(hub: StateHub, command: Command) -> bool:
     """In the database's command log; False when the database cannot take it."""
     try:
-        await CommandLog(hub.db).append(command, time.time())
+        await CommandLog(hub.db).append(command, hub.clock.time())
     except Exception as exc:
         log.warning("admin command not logged (%s)", type(exc).__name__)
         return False
