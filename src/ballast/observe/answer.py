@@ -3,7 +3,6 @@ the metrics and the request log. Everything here runs once per request, after th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ballast.state.spend import cost_of
@@ -13,46 +12,67 @@ _UPSTREAM_ID_HEADERS = (b"x-request-id", b"request-id", b"x-amzn-requestid", b"a
 _MAX_ID = 200
 
 
-@dataclass(frozen=True, slots=True)
 class Answer:
-    key_id: str
-    provider: str
-    shape: str
-    reported: bool  # the upstream reported usage
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    cost: float = 0.0
+    """Who asked and what it cost (a plain slotted class: built for every request)."""
+
+    __slots__ = (
+        "cached_tokens",
+        "cost",
+        "input_tokens",
+        "key_id",
+        "output_tokens",
+        "provider",
+        "reported",
+        "shape",
+    )
+
+    def __init__(
+        self,
+        key_id: str,
+        provider: str,
+        shape: str,
+        reported: bool,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cached_tokens: int = 0,
+        cost: float = 0.0,
+    ) -> None:
+        self.key_id = key_id
+        self.provider = provider
+        self.shape = shape
+        self.reported = reported  # the upstream reported usage
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.cached_tokens = cached_tokens
+        self.cost = cost
 
     @classmethod
     def of(cls, request: Any, router: Any, deployment: str) -> Answer:
         ticket = request.ticket
         key_id = ticket.key.id if ticket is not None else "none"
         target = router.targets.get(deployment) if router is not None else None
-        provider = str(target.deployment.provider) if target is not None else "none"
-        shape = str(getattr(request, "shape", "openai"))
-        usage, tokens = request.usage, request.tokens
-        if tokens is None or not isinstance(usage, dict):
+        provider = target.deployment.provider if target is not None else "none"
+        shape = getattr(request, "shape", "openai")
+        tokens = request.tokens
+        if tokens is None:
             return cls(key_id, provider, shape, False)
         prompt, completion = tokens
         model = request.answered_model or request.model
         cost = cost_of(router.settings.prices, model, prompt, completion) if router else 0.0
-        return cls(key_id, provider, shape, True, prompt, completion, cached_tokens(usage), cost)
+        cached = cached_tokens(request.usage)
+        return cls(key_id, provider, shape, True, prompt, completion, cached, cost)
 
 
-def cached_tokens(usage: dict[str, Any]) -> int:
-    """Input tokens the upstream served from its prompt cache, in OpenAI's usage shape or
-    Anthropic's."""
-    for details_name in ("prompt_tokens_details", "input_tokens_details"):
-        details = usage.get(details_name)
-        if isinstance(details, dict):
-            value = details.get("cached_tokens")
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    value = usage.get("cache_read_input_tokens")
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return 0
+def cached_tokens(usage: Any) -> int:
+    """Input tokens the upstream served from its prompt cache, in OpenAI's usage shape
+    (chat or responses) or Anthropic's."""
+    if not isinstance(usage, dict):
+        return 0
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    if value is None:
+        value = usage.get("cache_read_input_tokens")
+    return value if type(value) is int and value > 0 else 0
 
 
 def upstream_request_id(headers: Any) -> str | None:

@@ -212,16 +212,15 @@ class Observer:
         if answer.reported:
             stats.record_usage(
                 (model, deployment, answer.provider, answer.shape, key_label),
-                operation_of(path),
+                _OPERATIONS.get(path, "chat"),
                 answer.input_tokens,
                 answer.output_tokens,
                 answer.cached_tokens,
                 answer.cost,
             )
         ticket = request.ticket
-        budget_left = self.budget_left
-        if ticket is not None and ticket.key.budget is not None and budget_left is not None:
-            left = budget_left(ticket.key)
+        if ticket is not None and ticket.key.budget is not None and self.budget_left is not None:
+            left = self.budget_left(ticket.key)
             if left is not None and key_label not in (OTHER_KEY, ALL_KEYS):
                 stats.record_budget(key_label, left)
         return answer

@@ -65,6 +65,7 @@ class RequestStats:
         self.tokens: dict[TokenKey, list[int]] = {}
         self.cache: dict[tuple[str, str], int] = {}  # (model, hit|miss|bypass)
         self.budget: dict[str, float] = {}  # key id -> dollars left in the period
+        self._histograms: dict[tuple[str, UsageKey], tuple[list[int], list[int]]] = {}
         self.changed = False
 
     def record_usage(
@@ -86,15 +87,27 @@ class RequestStats:
         row[OUTPUT] += output_tokens
         row[CACHED] += cached_tokens
         row[COST] += cost
+        histograms = self._histograms.get((operation, key))
+        if histograms is None:
+            histograms = self._histograms[(operation, key)] = self._token_series(operation, key)
+        inputs, outputs = histograms
+        inputs[bisect_left(TOKEN_BUCKETS, input_tokens)] += 1
+        inputs[-1] += input_tokens
+        outputs[bisect_left(TOKEN_BUCKETS, output_tokens)] += 1
+        outputs[-1] += output_tokens
+        self.changed = True
+
+    def _token_series(self, operation: str, key: UsageKey) -> tuple[list[int], list[int]]:
+        """The input and output token histograms one usage key adds to."""
         model, deployment, provider, shape, _ = key
-        for kind, n in (("input", input_tokens), ("output", output_tokens)):
+        found = []
+        for kind in ("input", "output"):
             series = (operation, provider, model, deployment, shape, kind)
             counts = self.tokens.get(series)
             if counts is None:
                 counts = self.tokens[series] = [0] * (len(TOKEN_BUCKETS) + 2)
-            counts[bisect_left(TOKEN_BUCKETS, n)] += 1
-            counts[-1] += n
-        self.changed = True
+            found.append(counts)
+        return found[0], found[1]
 
     def record_cache(self, model: str, status: str) -> None:
         key = (model, status)
