@@ -132,6 +132,8 @@ def test_drain_reaches_both_workers_at_once(
     status, state = _request(port, "GET", "/admin/state")
     assert [w["drained"] for w in state["fleet"]["workers"]] == [["a"], ["a"]]
     assert state["fleet"]["sum"]["workers"] == 2 and state["fleet"]["sum"]["instances"] == 1
+    (instance,) = state["fleet"]["instances"].values()
+    assert instance["workers"] == 2 and instance["in_flight"] >= 0
     _request(port, "POST", "/admin/deployments/a/enable")
     status, state = _request(port, "GET", "/admin/state")
     assert [w["drained"] for w in state["fleet"]["workers"]] == [[], []]

@@ -59,3 +59,4 @@ def test_actions_reach_the_other_instance_through_redis(
         _within(lambda gateway=gateway: everyone_current(gateway), 3.0)
     fleet: Any = seen_from(two)
     assert fleet["sum"]["workers"] == 2 and fleet["other_instances_known"] is True
+    assert sorted(g["workers"] for g in fleet["instances"].values()) == [1, 1]

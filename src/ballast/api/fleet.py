@@ -263,14 +263,16 @@ class Fleet:
         remote, reachable = await self._heartbeats()
         workers += [w for w in remote if w.get("worker") not in seen]
         workers.sort(key=lambda w: str(w.get("worker")))
-        total = {
-            "workers": len(workers),
-            "instances": len({w.get("instance") for w in workers}),
-            "in_flight": sum(int(w.get("in_flight", 0)) for w in workers),
-            "shed": sum(int(w.get("shed", 0)) for w in workers),
-            "commands_applied": sum(int(w.get("commands_applied", 0)) for w in workers),
+        members: dict[str, list[dict[str, Any]]] = {}
+        for worker in workers:
+            members.setdefault(str(worker.get("instance")), []).append(worker)
+        instances = {name: _sums(group) for name, group in members.items()}
+        return {
+            "workers": workers,
+            "instances": instances,
+            "sum": {**_sums(workers), "instances": len(instances)},
+            "other_instances_known": reachable,
         }
-        return {"workers": workers, "sum": total, "other_instances_known": reachable}
 
     async def _heartbeats(self) -> tuple[list[dict[str, Any]], bool]:
         """Other workers' last heartbeats, fresh ones only; (found, whether Redis answered)."""
@@ -297,6 +299,16 @@ class Fleet:
             with contextlib.suppress(StoreUnavailable):
                 await store.call(lambda r: r.hdel(HEARTBEATS, *dead))
         return fresh, True
+
+
+def _sums(workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """What adds up over a set of workers."""
+    return {
+        "workers": len(workers),
+        "in_flight": sum(int(w.get("in_flight", 0)) for w in workers),
+        "shed": sum(int(w.get("shed", 0)) for w in workers),
+        "commands_applied": sum(int(w.get("commands_applied", 0)) for w in workers),
+    }
 
 
 def _hset(client: Any, field: str, value: bytes) -> Awaitable[Any]:
