@@ -1,5 +1,6 @@
 """`ballast serve` says what it serves, with one worker as with several: the address, the
-number of workers, the models and the state backends, with no secret in the line."""
+number of workers, the models and the state backends, with no secret in the line; and at
+--log-level debug no token given in a query string reaches its output."""
 
 from __future__ import annotations
 
@@ -54,3 +55,46 @@ def test_serve_prints_a_startup_line(stack: Stack, tmp_path: Path, workers: int)
     assert "models: chat, embed" in text and "database: sqlite" in text
     assert "redis: redis://default:****@127.0.0.1:1/0" in text
     assert "secret" not in text
+
+
+def test_debug_lines_carry_no_token_of_any_kind(stack: Stack, tmp_path: Path) -> None:
+    """At --log-level debug uvicorn's lines carry whole paths: `?token=` must be masked."""
+    import urllib.error
+    import urllib.request
+
+    dashboard, master = "dash-token-debug-secret", "sk-master-debug-secret"
+    path = tmp_path / "ballast.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "server": {"master_key": master, "dashboard_token": dashboard},
+                "state": {"database_url": f"sqlite:///{tmp_path / 'ballast.db'}"},
+                "models": [group("chat", deployment("a", stack.sim()))],
+            }
+        )
+    )
+    port = free_port()
+    command = [sys.executable, "-m", "ballast", "serve", "--config", str(path)]
+    command += ["--port", str(port), "--log-level", "debug", "--log-format", "text"]
+    log = tmp_path / "stderr.log"
+    with log.open("wb") as stderr:
+        process = subprocess.Popen(command, stderr=stderr, cwd=tmp_path)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=2).read()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            for token in (dashboard, master):
+                urllib.request.urlopen(f"{url}/dashboard?token={token}", timeout=5).read()
+            with pytest.raises(urllib.error.HTTPError):
+                urllib.request.urlopen(f"{url}/admin/state?token=sk-wrong-debug-secret", timeout=5)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+    text = log.read_text()
+    assert text.count(" DEBUG ") > 20  # debug really was on
+    assert "debug-secret" not in text
