@@ -46,6 +46,7 @@ def test_serve_prints_a_startup_line(stack: Stack, tmp_path: Path, workers: int)
         while b"Ballast serving on" not in line and time.monotonic() < deadline:
             line = process.stderr.readline()
             assert line or process.poll() is None
+        _wait_ready(f"http://127.0.0.1:{port}")  # a SIGTERM before that is not yet handled
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=30)
@@ -81,13 +82,7 @@ def test_debug_lines_carry_no_token_of_any_kind(stack: Stack, tmp_path: Path) ->
         process = subprocess.Popen(command, stderr=stderr, cwd=tmp_path)
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=2).read()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            _wait_ready(url)
             for token in (dashboard, master):
                 urllib.request.urlopen(f"{url}/dashboard?token={token}", timeout=5).read()
             with pytest.raises(urllib.error.HTTPError):
@@ -98,3 +93,16 @@ def test_debug_lines_carry_no_token_of_any_kind(stack: Stack, tmp_path: Path) ->
     text = log.read_text()
     assert text.count(" DEBUG ") > 20  # debug really was on
     assert "debug-secret" not in text
+
+
+def _wait_ready(url: str) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"{url} never became ready")
