@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 
 from ballast.api.admin import Admin
+from ballast.api.fleet import Fleet
 from ballast.api.jobs import JobsApi
 from ballast.api.keys_admin import KeysAdmin
 from ballast.api.messages import MESSAGES, count_tokens
@@ -83,7 +84,8 @@ class BallastApp:
         # A config reload swaps in a new generation; a request runs on the one it began on.
         self.generation = Generation(1, settings, self.router, self.openai, self.observer)
         self.reloader = Reloader(self)
-        self.admin = Admin(self, self.reloader)
+        self.fleet = Fleet(self.state, settings.fleet, settings.state.redis_url)
+        self.admin = Admin(self, self.reloader, self.fleet)
         KeysAdmin(self.state, settings.server.max_body_bytes).register(self.admin)
         # Jobs: the dispatcher runs only when job backends are configured.
         self.job_store = JobStore(self.state.db, clock, settings.jobs.lease_time)
@@ -183,17 +185,19 @@ class BallastApp:
 
     async def startup(self) -> None:
         await self.state.start()
+        await self.fleet.start()
         access = Access(
             self.settings, self.state.keys, self.state.limiter, self.state.spend, self.clock
         )
         await access.start()
         self.pipeline.access = access
+        self.observer.budget_left = access.budget_left
         self.jobs.access = access
         if self.dispatcher is not None:
             self.dispatcher.start()
         self.pipeline.cache = build_cache(self.settings, self.state.store, self.clock)
         await self.router.start()
-        self.observer.metrics.deployments(self.router.targets)
+        self.observer.metrics.deployments(self.router.targets.values())
         self.observer.metrics.start()
         self.reloader.install_signal_handler()
         self.ready = True
@@ -201,6 +205,7 @@ class BallastApp:
     async def shutdown(self) -> None:
         self.ready = False
         await self.reloader.close()
+        await self.fleet.close()
         await self.router.close()
         if self.dispatcher is not None:
             await self.dispatcher.close()  # in-flight results written, leases handed back

@@ -19,6 +19,7 @@ from ballast.api.openai import OPENAI, OpenAIHandlers
 from ballast.config import ConfigError, Settings, load_settings
 from ballast.heap import settle_after_retire
 from ballast.observe.hub import Observer, Trace
+from ballast.observe.tracing import request_attributes
 from ballast.pipeline.asgi import Receive, Scope, Send
 from ballast.pipeline.pipeline import Pipeline
 from ballast.pipeline.shape import Shape
@@ -77,14 +78,25 @@ class Generation:
             if tracer is None:
                 await self.handlers.proxy(scope, receive, trace.send, path, shape)
             else:
-                with tracer.span("ballast.request", path=path, shape=shape.name):
-                    await self.handlers.proxy(scope, receive, trace.send, path, shape)
+                with tracer.span("ballast.request", path=path, shape=shape.name) as span:
+                    try:
+                        await self.handlers.proxy(scope, receive, trace.send, path, shape)
+                    finally:
+                        attributes = request_attributes(path, scope.get("ballast.request"))
+                        attributes["http.response.status_code"] = trace.status or None
+                        tracer.annotate(span, attributes)
         finally:
             self.in_flight -= 1
             if self.in_flight == 0 and self._idle is not None:
                 self._idle.set()
             try:
-                self.observer.request(trace, scope.get("ballast.request"), self.router, path)
+                self.observer.request(
+                    trace,
+                    scope.get("ballast.request"),
+                    self.router,
+                    path,
+                    scope.get("ballast.client_gone", False),
+                )
             except Exception:
                 log.exception("could not record a request")
 
@@ -178,7 +190,7 @@ class Reloader:
         app.openai = handlers
         app.pipeline = pipeline
         self.reloads += 1
-        app.observer.metrics.deployments(router.targets)
+        app.observer.metrics.deployments(router.targets.values())
         app.observer.note(
             "reload",
             {"generation": new.number, "deployments": len(router.targets)},

@@ -238,6 +238,14 @@ class Access:
             return cached[0] + self.spend.unflushed(key.id, period)
         return None
 
+    def budget_left(self, key: KeyRecord) -> float | None:
+        """Dollars left in the key's period as far as known without a query (the metrics'
+        budget gauge), or None."""
+        if key.budget is None:
+            return None
+        spent = self._known_spend(key)
+        return None if spent is None else key.budget - spent
+
     async def _spent(self, key: KeyRecord) -> float:
         """The period's spend when `_known_spend` has none: the request that finds the
         shared figure old or unknown waits for a fresh one."""

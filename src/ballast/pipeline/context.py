@@ -46,6 +46,12 @@ class RequestContext:
     attempts: Attempts | None = None  # set by dispatch (logs and metrics read it)
     usage_added: bool = False  # usage was asked of the upstream for accounting only
     settled: bool = False  # usage and spend recorded (or the request ended without them)
+    # What answered, for the request log and metrics (set at settle).
+    usage: Any = None  # the usage the upstream reported
+    tokens: tuple[int, int] | None = None  # (prompt, completion) from that usage
+    answered_model: str | None = None  # the model name in the answer
+    finish_reason: str | None = None  # the answer's first choice's
+    upstream_headers: Any = None  # the answering upstream's headers (its request id)
     _credential: str | None = None
 
     @property

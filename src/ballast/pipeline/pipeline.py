@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ballast.cache.replay import is_complete
 from ballast.config import ModelGroup, Settings
+from ballast.pipeline.access import token_counts
 from ballast.pipeline.asgi import (
     EVENT_STREAM,
     JSON,
@@ -61,6 +62,16 @@ if TYPE_CHECKING:
     from ballast.pipeline.access import Access
 
 log = logging.getLogger("ballast.api")
+
+
+def finish_reason(payload: dict[str, Any]) -> str | None:
+    """The first choice's finish reason of a whole answer (traces record it)."""
+    choices = payload.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        reason = choices[0].get("finish_reason")
+        return reason if isinstance(reason, str) else None
+    return None
+
 
 _ID_PREFIX = os.urandom(4).hex()
 _ids = itertools.count(1)
@@ -132,10 +143,12 @@ class Pipeline:
                 watch.stop()
             await self._failed(failure, responder)
         except ClientGone:
+            scope["ballast.client_gone"] = True
             return
         except asyncio.CancelledError:
             if watch is None or not watch.fired:
                 raise
+            scope["ballast.client_gone"] = True  # the request log's outcome
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
@@ -204,6 +217,8 @@ class Pipeline:
         watch.stop()
         payload = reply.payload if isinstance(reply.payload, dict) else {}
         model = payload.get("model")
+        ctx.upstream_headers = reply.headers
+        ctx.finish_reason = finish_reason(payload)
         self._settle(
             ctx, model if isinstance(model, str) else ctx.model, payload.get("usage"), None
         )
@@ -232,6 +247,7 @@ class Pipeline:
             strip_usage = False
         ctx.attempts = attempts = self.router.loop.begin(stream=True)
         opened = await self._open(ctx, group, attempts, responder, send)
+        ctx.upstream_headers = opened.stream.headers
         relay = Relay(self.router.dispatch, ctx, group, opened, attempts, self.continuation)
         relay.strip_usage = strip_usage
         try:
@@ -248,6 +264,7 @@ class Pipeline:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             relay.close()
+        ctx.finish_reason = relay.opened.stream.state.finish_reason
         self._settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
 
     async def _open(
@@ -310,5 +327,9 @@ class Pipeline:
         if ctx.settled:
             return
         ctx.settled = True
+        ctx.usage = usage
+        ctx.answered_model = model or None
+        if isinstance(usage, dict):
+            ctx.tokens = token_counts(usage)
         if self.access is not None and ctx.ticket is not None:
             self.access.settle(ctx.ticket, model, usage, deployment)

@@ -88,6 +88,7 @@ class StreamState:
     output: bool = False
     untracked: bool = False  # output that continuation cannot match (refusal, audio, ...)
     finished: bool = False
+    finish_reason: str | None = None  # the last choice's, for traces
     done: bool = False
     usage: dict[str, Any] | None = None
     malformed: int = 0
@@ -123,8 +124,10 @@ class StreamState:
                 if piece and isinstance(piece, str):
                     self.text.append(piece)
                     self.output = True
-                if choice.get("finish_reason"):
+                reason = choice.get("finish_reason")
+                if reason:
                     self.finished = True
+                    self.finish_reason = reason if isinstance(reason, str) else None
         elif "type" in payload:
             self._observe_typed(payload)
         usage = payload.get("usage")
