@@ -164,8 +164,14 @@ class AzureOptions(_Strict):
     `/openai/deployments/{deployment}/...?api-version=` URL (api_version required);
     `style: v1` is the `/openai/v1/` API, where the model is named in the body."""
 
-    style: Literal["deployments", "v1"] = "deployments"
-    api_version: str | None = Field(None, min_length=1)
+    style: Literal["deployments", "v1"] = Field(
+        "deployments",
+        description="deployments: the classic /openai/deployments/{deployment}/ URLs; v1: the"
+        " /openai/v1/ API",
+    )
+    api_version: str | None = Field(
+        None, min_length=1, description="the api-version query value (required by deployments)"
+    )
     deployment: str | None = Field(
         None, min_length=1, description="the Azure deployment name; unset: the model's name"
     )
