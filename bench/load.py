@@ -10,6 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent / "chat.lua"
+# The request each inbound API shape sends (a target's `shape`).
+SCRIPTS = {
+    "openai": SCRIPT,
+    "messages": SCRIPT.with_name("messages.lua"),
+    "responses": SCRIPT.with_name("responses.lua"),
+}
 MARKER = "BENCH_JSON "
 
 
@@ -51,8 +57,11 @@ def parse(stdout: str) -> WrkResult:
     raise ValueError("no summary line in wrk output:\n" + stdout[-2000:])
 
 
-def run_wrk(url: str, connections: int, seconds: float, key: str = "sk-bench") -> WrkResult:
-    """One bounded wrk run at ``connections`` keep-alive connections, sending ``key``."""
+def run_wrk(
+    url: str, connections: int, seconds: float, key: str = "sk-bench", shape: str = "openai"
+) -> WrkResult:
+    """One bounded wrk run at ``connections`` keep-alive connections, sending ``key`` in a
+    request of API ``shape``."""
     # One thread: it drives over 200,000 requests/s against nginx here, far beyond any
     # gateway, and on two cores a second one only took CPU from what it measures (about
     # 3 us more a request, and 4 % fewer requests/s for two workers).
@@ -65,7 +74,7 @@ def run_wrk(url: str, connections: int, seconds: float, key: str = "sk-bench") -
         "10s",
         "--latency",
         "-s",
-        str(SCRIPT),
+        str(SCRIPTS[shape]),
         url,
     ]
     env = {**os.environ, "BENCH_KEY": key}

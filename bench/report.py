@@ -199,6 +199,14 @@ def checks(res: Results, gateway: str = "ballast") -> list[Check]:
     add_ratio("req/s @32: keys+limits+spend (SQLite) / plain", 0.75, r, "ballast+keys", "")
     r = _ratio(res.cell("ballast+keys+redis", 32).rps, g32.rps)
     add_ratio("req/s @32: keys+limits+spend (Redis) / plain", 0.75, r, "ballast+keys+redis", "")
+    r = _ratio(res.cell("ballast-messages", 32).rps, g32.rps)
+    add_ratio("req/s @32: Anthropic Messages / chat", 0.80, r, "ballast-messages", "")
+    for conc in res.concurrencies:
+        r = _ratio(
+            res.stream_cell("ballast-messages", conc).streams_per_s,
+            res.stream_cell(gateway, conc).streams_per_s,
+        )
+        add(f"streams/s @{conc}: Anthropic Messages / chat", ">= 0.80", r, "{:.2f}", r >= 0.80)
     r = _ratio(res.cell("ballast-anthropic", 32).rps, g32.rps)
     add_ratio(
         "req/s @32: through the Anthropic adapter / pass-through", 0.75, r, "ballast-anthropic", ""

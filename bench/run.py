@@ -39,6 +39,8 @@ PAIRS = [
     ("ballast+keys", "ballast", 32, 32),
     ("ballast+keys+redis", "ballast", 32, 32),
     ("ballast-2w", "ballast", 64, 32),
+    ("ballast-messages", "ballast", 32, 32),
+    ("ballast-responses", "ballast", 32, 32),
     ("ballast-anthropic", "ballast", 32, 32),
 ]
 
@@ -122,6 +124,10 @@ def start_targets(
             target = tg.ballast(procs, workdir, upstream, name=name, workers=2)
         elif name == "ballast-assemble":
             target = tg.ballast(procs, workdir, upstream, name=name, assemble=True)
+        elif name == "ballast-messages":
+            target = tg.ballast_messages(procs, workdir, upstream)
+        elif name == "ballast-responses":
+            target = tg.ballast_responses(procs, workdir, upstream)
         elif name == "ballast-anthropic":
             target = tg.ballast(procs, workdir, upstream, name=name, anthropic=True)
         elif name == "ballast-granian":
@@ -151,10 +157,13 @@ def _with_redis(procs: ProcessGroup, workdir: Path, upstream: tg.Upstream, name:
     return tg.ballast_with_keys(procs, workdir, upstream, name, url)
 
 
-def run_streams(url: str, concurrency: int, seconds: float, key: str = "sk-bench") -> StreamResult:
+def run_streams(
+    url: str, concurrency: int, seconds: float, key: str = "sk-bench", shape: str = "openai"
+) -> StreamResult:
     """The streaming client in its own interpreter, so it never shares our event loop."""
     cmd = [sys.executable, str(Path(__file__).with_name("stream_client.py")), url]
     cmd += ["--concurrency", str(concurrency), "--duration", str(seconds), "--key", key]
+    cmd += ["--shape", shape]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 90, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"stream client failed: {done.stderr.strip()[-500:]}")
@@ -192,7 +201,7 @@ def _note_rss(t: tg.Target, res: Results) -> None:
 def _wrk_cell(t: tg.Target, conns: int, plan: Plan, res: Results, tag: str) -> None:
     before = cpu_seconds(t.pid)
     try:
-        result = run_wrk(t.url, conns, plan.wrk_seconds, t.key)
+        result = run_wrk(t.url, conns, plan.wrk_seconds, t.key, t.shape)
     except _RUN_ERRORS as exc:
         res.failed[t.name] = f"wrk at {conns} connections: {exc}".splitlines()[0]
         return
@@ -208,7 +217,7 @@ def _wrk_cell(t: tg.Target, conns: int, plan: Plan, res: Results, tag: str) -> N
 
 def _stream_cell(t: tg.Target, conc: int, plan: Plan, res: Results, tag: str) -> None:
     try:
-        stream = run_streams(t.stream_url, conc, plan.stream_seconds, t.key)
+        stream = run_streams(t.stream_url, conc, plan.stream_seconds, t.key, t.shape)
     except _RUN_ERRORS as exc:
         res.failed[t.name] = f"streaming at {conc} concurrent: {exc}".splitlines()[0]
         return
@@ -225,8 +234,8 @@ def measure(live: list[tg.Target], res: Results, plan: Plan) -> None:
     started = time.monotonic()
     for t in live:  # warm pools and caches; not recorded
         try:
-            run_wrk(t.url, 8, 1, t.key)
-            run_streams(t.stream_url, 8, 0.5, t.key)
+            run_wrk(t.url, 8, 1, t.key, t.shape)
+            run_streams(t.stream_url, 8, 0.5, t.key, t.shape)
         except _RUN_ERRORS as exc:
             res.failed[t.name] = f"warm-up: {exc}".splitlines()[0]
         wait_idle(t.pid)
@@ -265,7 +274,7 @@ def measure_pairs(live: list[tg.Target], res: Results, plan: Plan) -> None:
             for name, conns in order if rnd % 2 == 0 else order[::-1]:
                 t = by_name[name]
                 try:
-                    rps[name] = run_wrk(t.url, conns, plan.pair_seconds, t.key).rps
+                    rps[name] = run_wrk(t.url, conns, plan.pair_seconds, t.key, t.shape).rps
                 except _RUN_ERRORS as exc:
                     res.failed[name] = f"paired wrk at {conns} connections: {exc}".splitlines()[0]
                     break

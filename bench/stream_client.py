@@ -24,9 +24,27 @@ BODY = json.dumps(
         "messages": [{"role": "user", "content": "hi"}],
     }
 ).encode()
+MESSAGES_BODY = json.dumps(
+    {
+        "model": "bench-stream",
+        "stream": True,
+        "max_tokens": 256,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+).encode()
+# The same stream asked for on the Responses API.
+RESPONSES_BODY = json.dumps({"model": "bench-stream", "stream": True, "input": "hi"}).encode()
+# Per inbound API shape: the body, and what the end of a whole stream holds.
+SHAPES = {
+    "openai": (BODY, b"[DONE]"),
+    "messages": (MESSAGES_BODY, b'"message_stop"'),
+    "responses": (RESPONSES_BODY, b"response.completed"),
+}
 
 
-def headers_for(key: str) -> dict[str, str]:
+def headers_for(key: str, shape: str = "openai") -> dict[str, str]:
+    if shape == "messages":
+        return {"Content-Type": "application/json", "x-api-key": key}
     return {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
 
 
@@ -57,19 +75,21 @@ async def _worker(
     session: aiohttp.ClientSession,
     headers: dict[str, str],
     url: str,
+    shape: str,
     deadline: float,
     budget: list[int],
     ttfc: list[float],
     total: list[float],
     errors: list[str],
 ) -> None:
+    body, end = SHAPES[shape]
     while time.perf_counter() < deadline and budget[0] > 0:
         budget[0] -= 1
         start = time.perf_counter()
         first = 0.0
         tail = b""
         try:
-            async with session.post(url, data=BODY, headers=headers) as resp:
+            async with session.post(url, data=body, headers=headers) as resp:
                 if resp.status != 200:
                     errors.append(f"HTTP {resp.status}")
                     await resp.read()
@@ -77,12 +97,12 @@ async def _worker(
                 async for chunk in resp.content.iter_any():
                     if not first and chunk:
                         first = time.perf_counter()
-                    tail = (tail + chunk)[-64:]
+                    tail = (tail + chunk)[-4096:]  # the end marker is in the last event
         except (aiohttp.ClientError, TimeoutError) as exc:
             errors.append(repr(exc))
             continue
-        if b"[DONE]" not in tail:
-            errors.append("stream ended without [DONE]")
+        if end not in tail:
+            errors.append(f"stream ended without {end.decode()}")
             continue
         ttfc.append(first - start)
         total.append(time.perf_counter() - start)
@@ -94,9 +114,11 @@ async def run(
     duration: float,
     max_streams: int = 1_000_000,
     key: str = "sk-bench",
+    shape: str = "openai",
 ) -> StreamResult:
-    """Keep ``concurrency`` streams in flight for ``duration`` s (or ``max_streams``)."""
-    headers = headers_for(key)
+    """Keep ``concurrency`` streams of API ``shape`` in flight for ``duration`` s (or
+    ``max_streams``)."""
+    headers = headers_for(key, shape)
     ttfc: list[float] = []
     total: list[float] = []
     errors: list[str] = []
@@ -107,7 +129,7 @@ async def run(
         start = time.perf_counter()
         deadline = start + duration
         workers = [
-            _worker(session, headers, url, deadline, budget, ttfc, total, errors)
+            _worker(session, headers, url, shape, deadline, budget, ttfc, total, errors)
             for _ in range(concurrency)
         ]
         await asyncio.wait_for(asyncio.gather(*workers), timeout=duration + 60)
@@ -131,6 +153,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--max-streams", type=int, default=1_000_000)
     parser.add_argument("--key", default="sk-bench", help="API key sent as the bearer token")
+    parser.add_argument("--shape", default="openai", choices=sorted(SHAPES))
     args = parser.parse_args()
     factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     try:
@@ -141,7 +164,7 @@ def main() -> None:
         pass
     with asyncio.Runner(loop_factory=factory) as runner:
         result = runner.run(
-            run(args.url, args.concurrency, args.duration, args.max_streams, args.key)
+            run(args.url, args.concurrency, args.duration, args.max_streams, args.key, args.shape)
         )
     print(json.dumps({**asdict(result), "streams_per_s": result.streams_per_s}))
 

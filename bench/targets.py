@@ -32,6 +32,8 @@ ALL_TARGETS = (
     "ballast+keys+redis",
     "ballast-2w",
     "ballast-assemble",
+    "ballast-messages",
+    "ballast-responses",
     "ballast-anthropic",
     "ballast-granian",
     "litellm",
@@ -54,6 +56,7 @@ class Target:
     unavailable: str = ""
     note: str = ""
     key: str = "sk-bench"  # sent as the bearer token
+    shape: str = "openai"  # the inbound API its requests speak (load.SCRIPTS)
 
     @property
     def ok(self) -> bool:
@@ -270,6 +273,30 @@ def _serve(
         return Target(name, unavailable=f"smoke request failed: {problem}")
     url = base + nginx.NON_STREAM_PATH
     return Target(name, url=url, stream_url=url, pid=proc.pid, note=note, key=key)
+
+
+def ballast_messages(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
+    """Ballast as above, loaded through the Anthropic Messages shape (`/v1/messages`, whole
+    answers and streams translated from and to the same chat upstream): what the shape's
+    translation costs against the chat path."""
+    target = ballast(procs, workdir, upstream, name="ballast-messages")
+    if target.ok:
+        target.url = target.stream_url = target.url.replace(nginx.NON_STREAM_PATH, "/v1/messages")
+        target.shape = "messages"
+        target.note = "1 worker, Anthropic Messages in, chat upstream out"
+    return target
+
+
+def ballast_responses(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
+    """Ballast asked on /v1/responses for the same answers, bridged to the same chat
+    upstream: what the Responses shape's translation costs against a chat request."""
+    target = ballast(procs, workdir, upstream, name="ballast-responses")
+    if target.ok:
+        target.url = target.url.replace(nginx.NON_STREAM_PATH, "/v1/responses")
+        target.stream_url = target.url
+        target.shape = "responses"
+        target.note += "; POST /v1/responses, bridged to chat completions"
+    return target
 
 
 def ballast_granian(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:

@@ -1,10 +1,24 @@
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 
 import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from tests.stack import Stack
+
+# Hypothesis would keep its example database in `.hypothesis/` of the working tree.
+set_hypothesis_home_dir(tempfile.mkdtemp(prefix="ballast-hypothesis-"))
+
+
+@pytest.fixture(autouse=True)
+def _outside_the_tree(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every test runs in a directory of its own: what a gateway writes relative to where it
+    runs (the default `ballast.db`, the spend journal) never lands in the working tree."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
 @pytest.fixture

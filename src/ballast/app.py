@@ -15,10 +15,13 @@ from collections.abc import Awaitable, Callable
 import orjson
 
 from ballast.api.admin import Admin
+from ballast.api.fleet import Fleet
 from ballast.api.jobs import JobsApi
 from ballast.api.keys_admin import KeysAdmin
+from ballast.api.messages import MESSAGES, count_tokens
 from ballast.api.openai import OpenAIHandlers
 from ballast.api.reload import Generation, Reloader
+from ballast.api.responses.shape import ResponsesShape
 from ballast.cache.service import build_cache
 from ballast.config import Settings
 from ballast.heap import settle_after_startup
@@ -29,6 +32,7 @@ from ballast.pipeline.access import Access
 from ballast.pipeline.asgi import JSON, Receive, Scope, Send, send_bytes, send_error
 from ballast.pipeline.errors import ApiError
 from ballast.pipeline.pipeline import Pipeline
+from ballast.pipeline.shape import Shape
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.routing.router import Router
 from ballast.state.hub import StateHub
@@ -71,6 +75,7 @@ class BallastApp:
         )
         self.pipeline = Pipeline(settings, self.router, clock)
         self.openai = OpenAIHandlers(self.pipeline)
+        self.responses = ResponsesShape(lambda model: self.generation.router.resolve(model), clock)
         self.ready = False
         self.in_flight = 0  # proxied requests running in this worker
         self.max_in_flight = settings.server.max_in_flight
@@ -79,7 +84,8 @@ class BallastApp:
         # A config reload swaps in a new generation; a request runs on the one it began on.
         self.generation = Generation(1, settings, self.router, self.openai, self.observer)
         self.reloader = Reloader(self)
-        self.admin = Admin(self, self.reloader)
+        self.fleet = Fleet(self.state, settings.fleet, settings.state.redis_url)
+        self.admin = Admin(self, self.reloader, self.fleet)
         KeysAdmin(self.state, settings.server.max_body_bytes).register(self.admin)
         # Jobs: the dispatcher runs only when job backends are configured.
         self.job_store = JobStore(self.state.db, clock, settings.jobs.lease_time)
@@ -93,6 +99,20 @@ class BallastApp:
             ),
             "/v1/completions": lambda s, r, w: self.generation.proxy(s, r, w, "/completions"),
             "/v1/embeddings": lambda s, r, w: self.generation.proxy(s, r, w, "/embeddings"),
+            "/v1/responses": lambda s, r, w: self.generation.proxy(
+                s, r, w, "/responses", self.responses
+            ),
+            "/v1/messages": lambda s, r, w: self.generation.proxy(
+                s, r, w, "/chat/completions", MESSAGES
+            ),
+            "/v1/messages/count_tokens": lambda s, r, w: count_tokens(
+                self.generation.handlers.pipeline, s, r, w
+            ),
+        }
+        # Routes of shapes other than OpenAI's: their errors before the pipeline take that form.
+        self._shapes: dict[str, Shape] = {
+            "/v1/messages": MESSAGES,
+            "/v1/messages/count_tokens": MESSAGES,
         }
         self._get: dict[str, Route] = {
             "/v1/models": lambda s, r, w: self.openai.models(s, r, w),
@@ -116,7 +136,7 @@ class BallastApp:
                     # client is told at once to come back, instead of waiting behind others.
                     if self.in_flight >= self.max_in_flight:
                         self.shed += 1
-                        await send_error(send, OVERLOADED, [])
+                        await self._overloaded(path, send)
                         return
                     self.in_flight += 1
                     try:
@@ -135,6 +155,14 @@ class BallastApp:
             await self._not_found(scope, send, path)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
+
+    async def _overloaded(self, path: str, send: Send) -> None:
+        shape = self._shapes.get(path)
+        if shape is None:
+            await send_error(send, OVERLOADED, [])
+            return
+        status, body = shape.error(OVERLOADED)
+        await send_bytes(send, status, [JSON, *OVERLOADED.headers], body)
 
     async def _not_found(self, scope: Scope, send: Send, path: str) -> None:
         if path in self._post or path in self._get:
@@ -157,17 +185,19 @@ class BallastApp:
 
     async def startup(self) -> None:
         await self.state.start()
+        await self.fleet.start()
         access = Access(
             self.settings, self.state.keys, self.state.limiter, self.state.spend, self.clock
         )
         await access.start()
         self.pipeline.access = access
+        self.observer.budget_left = access.budget_left
         self.jobs.access = access
         if self.dispatcher is not None:
             self.dispatcher.start()
         self.pipeline.cache = build_cache(self.settings, self.state.store, self.clock)
         await self.router.start()
-        self.observer.metrics.deployments(self.router.targets)
+        self.observer.metrics.deployments(self.router.targets.values())
         self.observer.metrics.start()
         self.reloader.install_signal_handler()
         self.ready = True
@@ -175,6 +205,7 @@ class BallastApp:
     async def shutdown(self) -> None:
         self.ready = False
         await self.reloader.close()
+        await self.fleet.close()
         await self.router.close()
         if self.dispatcher is not None:
             await self.dispatcher.close()  # in-flight results written, leases handed back

@@ -50,6 +50,32 @@ def check_config(config: Annotated[Path, typer.Argument(help="YAML config file")
     typer.echo(yaml.safe_dump(masked(settings), sort_keys=False))
 
 
+def _startup_line(
+    settings: Any, host: str, port: int | None, workers: int, tls: Path | None
+) -> None:
+    """One line saying what is about to serve: where, how many workers, which models and
+    state backends (secrets masked). Printed with one worker too."""
+    from ballast.config import mask_url
+
+    state = settings.state
+    scheme = "https" if tls else "http"
+    bound = settings.server.port if port is None else port
+    shown_host = f"[{host}]" if ":" in host else host
+    models = ", ".join(g.name for g in settings.models)
+    redis = mask_url(state.redis_url) if state.redis_url else "none (local fallbacks)"
+    logging.getLogger("ballast.serve").info(
+        "Ballast serving on %s://%s:%d with %d worker%s; models: %s; database: %s; redis: %s",
+        scheme,
+        shown_host,
+        bound,
+        workers,
+        "" if workers == 1 else "s",
+        models[:500],
+        mask_url(state.database_url),
+        redis,
+    )
+
+
 @cli.command()
 def serve(
     config: Annotated[Path, typer.Option("--config", "-c", help="YAML config file")],
@@ -94,6 +120,7 @@ def serve(
 
     settings = _load_or_exit(config)
     prepare_serve(log_level, log_format, workers)
+    _startup_line(settings, host or settings.server.host, port, workers, ssl_certfile)
     os.environ["BALLAST_CONFIG"] = str(config.resolve())
     # uvicorn re-raises SIGTERM/SIGINT once its graceful shutdown is over; by then everything
     # has been flushed, so the re-raised signal ends the command normally (exit 0).
@@ -186,8 +213,11 @@ def _with_state(config: Path, work: Callable[[StateHub], Awaitable[T]]) -> T:
 
     settings = _load_or_exit(config)
 
+    from ballast.api.fleet import announce_key_changes
+
     async def run() -> T:
         hub = StateHub(settings)
+        announce_key_changes(hub)  # a key revoked here reaches every running gateway
         try:
             await hub.db.upgrade()
             return await work(hub)

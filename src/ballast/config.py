@@ -171,8 +171,14 @@ class AzureOptions(_Strict):
     `/openai/deployments/{deployment}/...?api-version=` URL (api_version required);
     `style: v1` is the `/openai/v1/` API, where the model is named in the body."""
 
-    style: Literal["deployments", "v1"] = "deployments"
-    api_version: str | None = Field(None, min_length=1)
+    style: Literal["deployments", "v1"] = Field(
+        "deployments",
+        description="deployments: the classic /openai/deployments/{deployment}/ URLs; v1: the"
+        " /openai/v1/ API",
+    )
+    api_version: str | None = Field(
+        None, min_length=1, description="the api-version query value (required by deployments)"
+    )
     deployment: str | None = Field(
         None, min_length=1, description="the Azure deployment name; unset: the model's name"
     )
@@ -213,6 +219,12 @@ class Deployment(_Strict):
     timeouts: TimeoutOverrides = TimeoutOverrides()
     pool_size: int | None = Field(None, ge=1)
     supports_prefill: bool = False
+    answers_as_streams: bool | None = Field(
+        None,
+        description="this deployment's own routing.answers_as_streams (false for an upstream"
+        " that streams badly, or where the assembling cost matters more); unset: the routing"
+        " setting",
+    )
     probe: Literal["auto", "models", "completion", "none"] = Field(
         "auto",
         description="how an open deployment is probed in the background: a one-token"
@@ -226,6 +238,30 @@ class Deployment(_Strict):
         " HTTPS_PROXY/HTTP_PROXY/NO_PROXY environment",
     )
     tls: DeploymentTls | None = None
+    responses: Literal["native", "bridge"] | None = Field(
+        None,
+        description="how /v1/responses is served: native forwards it to the deployment's own"
+        " /responses; bridge turns it into a chat completion; unset: native for OpenAI's and"
+        " Azure OpenAI's own APIs, bridge for everything else",
+    )
+
+    @property
+    def responses_mode(self) -> Literal["native", "bridge"]:
+        if self.responses is not None:
+            return self.responses
+        host = urlsplit(self.url).hostname or ""
+        native = self.provider == "openai" and (
+            host == "api.openai.com" or host.endswith(".openai.azure.com")
+        )
+        return "native" if native else "bridge"
+
+    @field_validator("responses")
+    @classmethod
+    def _responses(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value == "native" and info.data.get("provider") == "actor":
+            raise ValueError(f"deployment {_name(info)}: the sampling actor has no /responses")
+        return value
+
     anthropic: AnthropicOptions | None = None
     azure: AzureOptions | None = None
     aws: AwsSettings | None = None  # provider bedrock
@@ -484,6 +520,12 @@ class BreakerSettings(_Strict):
     max_probe_interval: float = Field(
         10.0, gt=0, description="failed background probes back off up to this interval"
     )
+    probe_backoff_after: float = Field(
+        30.0,
+        ge=0,
+        description="probes keep to probe_interval for this long into an outage before"
+        " backing off, so a short outage is noticed to end within an interval",
+    )
 
 
 class RoutingSettings(_Strict):
@@ -510,6 +552,14 @@ class RoutingSettings(_Strict):
         True,
         description="ask an upstream for a stream even when the client wants a whole answer,"
         " and assemble it, so the first-token and inter-chunk clocks guard it too",
+    )
+    whole_answer_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="a whole answer not guarded by the stream clocks (not asked for as a"
+        " stream) may take this share of the request's time left, when another deployment or"
+        " a fallback could still answer: so a silent upstream leaves time for a failover",
     )
     stream_headers_at_once: bool = Field(
         False, description="start every stream's response at once, before its first token"
@@ -553,7 +603,34 @@ class StateSettings(_Strict):
 
 
 class ObserveSettings(_Strict):
-    tracing: bool = Field(False, description="OpenTelemetry spans (needs the tracing extra)")
+    tracing: bool = Field(
+        False,
+        description="OpenTelemetry spans, exported over OTLP/HTTP (needs the tracing extra);"
+        " also on when OTEL_EXPORTER_OTLP_ENDPOINT is set",
+    )
+    per_key_metrics: bool = Field(
+        True, description="token, cost and budget series per key id (never the key itself)"
+    )
+    max_key_series: int = Field(
+        1000, ge=0, description="distinct key ids labelled per worker; later keys are 'other'"
+    )
+
+
+class FleetSettings(_Strict):
+    """How admin actions (drain, enable, reload, key changes) reach every worker and
+    instance: at once over local sockets and Redis pub/sub; by polling the database's
+    command log as the fallback."""
+
+    fallback_poll: float = Field(
+        0.5, gt=0, description="command log polling while Redis is down or not configured"
+    )
+    safety_poll: float = Field(
+        5.0, gt=0, description="command log polling while Redis pub/sub carries commands"
+    )
+    heartbeat: float = Field(
+        1.0, gt=0, description="each worker's summary written to Redis for the fleet view"
+    )
+    peer_timeout: float = Field(0.5, gt=0, description="asking another worker of this instance")
 
 
 class JobBreakerSettings(_Strict):
@@ -612,6 +689,7 @@ class Settings(_Strict):
     routing: RoutingSettings = RoutingSettings()
     state: StateSettings = StateSettings()
     observe: ObserveSettings = ObserveSettings()
+    fleet: FleetSettings = FleetSettings()
     jobs: JobsSettings = JobsSettings()
     prices: dict[str, ModelPrice] = Field(
         default_factory=dict, description="per model name as upstreams report it"
@@ -720,6 +798,17 @@ def parse_settings(data: Any, environ: dict[str, str] | None = None) -> Settings
         raise ConfigError(lines) from None
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong and where, never the text around it: the offending line may hold a
+    secret, and this message reaches the terminal and, on a reload, the log."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = exc.problem or exc.context or "syntax error"
+        return f"not valid YAML{where}: {problem}"
+    return f"not valid YAML ({type(exc).__name__})"
+
+
 def load_settings(path: str | Path, environ: dict[str, str] | None = None) -> Settings:
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -728,28 +817,57 @@ def load_settings(path: str | Path, environ: dict[str, str] | None = None) -> Se
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError([f"{path}: not valid YAML ({exc})"]) from None
+        raise ConfigError([f"{path}: {yaml_problem(exc)}"]) from None
     return parse_settings(data, environ)
 
 
+MASK = "****"
+# A field is secret when its name says so, wherever it sits (provider credentials included).
+_SECRET_NAME = re.compile(
+    r"(^|[_-])(api[_-]?key|key|secret|token|password|passwd|credentials?|authorization|auth"
+    r"|cookie|signature|sig|private[_-]?key|session[_-]?token|access[_-]?key(_id)?)$",
+    re.IGNORECASE,
+)
+# Secret values inside a URL: its user:password and query parameters named like secrets.
+_URL_USERINFO = re.compile(r"(://[^:/@\s]*):[^@/\s]*@")
+_URL_QUERY_SECRET = re.compile(
+    r"([?&](?:[a-z0-9_-]*(?:key|token|secret|password|sig|signature|auth)[a-z0-9_-]*)=)[^&#\s]*",
+    re.IGNORECASE,
+)
+
+
+def mask_url(text: str) -> str:
+    """A URL (or any text holding one) with its password and secret query values masked."""
+    if "://" in text:
+        text = _URL_USERINFO.sub(rf"\1:{MASK}@", text)
+    if "=" in text:
+        text = _URL_QUERY_SECRET.sub(rf"\1{MASK}", text)
+    return text
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+def _mask_tree(value: Any, name: str = "") -> Any:
+    if isinstance(value, dict):
+        if name == "headers":
+            # Custom headers carry credentials under any name (x-goog-api-key, api-key,
+            # proxy-authorization, ...): none of their values is shown.
+            return {k: MASK for k in value}
+        return {k: _mask_tree(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask_tree(v, name) for v in value]
+    if isinstance(value, str) and value:
+        if is_secret_name(name) or name == "proxy":
+            return MASK
+        return mask_url(value)
+    return value
+
+
 def masked(settings: Settings) -> dict[str, Any]:
-    """The resolved config as plain data, with every secret replaced by a mask."""
-    data: dict[str, Any] = settings.model_dump(mode="json")
-    for group in data["models"]:
-        for dep in group["deployments"]:
-            if dep.get("api_key"):
-                dep["api_key"] = "****"
-            for name in list(dep.get("headers", {})):
-                if name.lower() in {"authorization", "api-key", "x-api-key"}:
-                    dep["headers"][name] = "****"
-    for backend in data.get("jobs", {}).get("backends", {}).values():
-        if backend.get("api_key"):
-            backend["api_key"] = "****"
-    for key in ("master_key", "dashboard_token"):
-        if data["server"].get(key):
-            data["server"][key] = "****"
-    for key in ("redis_url", "database_url"):
-        url = data["state"].get(key)
-        if url:
-            data["state"][key] = re.sub(r"://([^:/@]*):[^@]*@", r"://\1:****@", url)
+    """The resolved config as plain data, with every secret replaced by a mask: fields named
+    like secrets, every custom header's value, and passwords and secret query parameters in
+    URLs, wherever they are."""
+    data: dict[str, Any] = _mask_tree(settings.model_dump(mode="json"))
     return data

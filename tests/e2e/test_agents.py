@@ -19,13 +19,15 @@ def arguments(tokens: int) -> str:
     return '{"q": "' + "".join(f"tok{i} " for i in range(tokens)) + '"}'
 
 
-def tool_stream(api: openai.OpenAI, **kw: Any) -> tuple[list[float], dict[int, Any], str | None]:
-    """(arrival times of chunks with output, tool calls by index, finish reason)."""
-    started = time.monotonic()
+def tool_stream(
+    api: openai.OpenAI, model: str = "chat", **kw: Any
+) -> tuple[list[float], dict[int, Any], str | None]:
+    """(wall-clock arrival times of chunks with output, tool calls by index, finish reason).
+    Wall clock, so they compare with the simulator's own send times."""
     arrivals: list[float] = []
     calls: dict[int, dict[str, str]] = {}
     finish = None
-    stream = api.chat.completions.create(model="chat", messages=MESSAGES, stream=True, **kw)
+    stream = api.chat.completions.create(model=model, messages=MESSAGES, stream=True, **kw)
     for chunk in stream:
         if not chunk.choices:
             continue
@@ -45,7 +47,7 @@ def tool_stream(api: openai.OpenAI, **kw: Any) -> tuple[list[float], dict[int, A
             entry["reasoning"] += extra["reasoning_content"]
             said = True
         if said:
-            arrivals.append(time.monotonic() - started)
+            arrivals.append(time.time())
         finish = choice.finish_reason or finish
     return arrivals, calls, finish
 
@@ -57,10 +59,15 @@ def test_tool_call_and_reasoning_deltas_stream_as_they_come(stack: Stack, shape:
         config(group("chat", deployment("a", a)), timeouts={"first_token": 1.5})
     )
     arrivals, calls, finish = tool_stream(client(gateway))
-    assert len(arrivals) == 6
-    # The first delta comes when the upstream sends it, then one every 0.4 s: nothing is
-    # held back waiting for text that never comes.
-    assert arrivals[0] < 0.4 + 0.2, arrivals
+    (attempt,) = stack.attempts(a)
+    sent = attempt["sent"]  # when the upstream wrote each delta
+    assert len(arrivals) == len(sent) == 6
+    # Each delta reaches the client when the upstream sends it: nothing is held back
+    # waiting for text that never comes.
+    lags = [arrived - written for arrived, written in zip(arrivals, sent, strict=True)]
+    assert lags[0] < 0.05, lags
+    assert sorted(lags)[len(lags) // 2] < 0.05, lags
+    assert max(lags) < 0.25, lags
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     assert all(0.25 <= gap <= 0.7 for gap in gaps), gaps
     if shape == "tool":
@@ -146,3 +153,33 @@ def test_a_whole_tool_call_answer_is_put_back_together(stack: Stack) -> None:
     assert reply.usage is not None and reply.usage.total_tokens > 0
     (sent,) = stack.attempts(a)
     assert sent["stream"] is True  # asked for as a stream, answered whole
+
+
+def test_a_deployment_can_take_whole_answers_whole(stack: Stack) -> None:
+    a = stack.sim("ok?tokens=3", name="a")
+    gateway = stack.gateway(config(group("chat", deployment("a", a, answers_as_streams=False))))
+    reply = client(gateway).chat.completions.create(model="chat", messages=MESSAGES)
+    assert reply.choices[0].message.content == "tok0 tok1 tok2 "
+    (sent,) = stack.attempts(a)
+    assert sent["stream"] is False  # its own setting wins over routing's default
+
+
+def test_a_silent_whole_answer_leaves_time_for_a_failover(stack: Stack) -> None:
+    """Not guarded by the stream clocks, an attempt gets only its share of the time left."""
+    a = stack.sim("hang", name="a")
+    b = stack.sim("ok?tokens=2", name="b")
+    gateway = stack.gateway(
+        config(
+            ordered(
+                "chat",
+                deployment("a", a, answers_as_streams=False),
+                deployment("b", b, answers_as_streams=False),
+            ),
+            timeouts={"answer": 300, "request": 4},
+        )
+    )
+    started = time.monotonic()
+    reply = client(gateway).chat.completions.create(model="chat", messages=MESSAGES)
+    took = time.monotonic() - started
+    assert reply.system_fingerprint == "sim:b"
+    assert 1.5 <= took < 3.5, took  # half of the 4 s went to a, then b answered

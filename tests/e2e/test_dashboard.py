@@ -102,3 +102,67 @@ def test_dashboard_shows_a_breaker_opening_without_console_errors(
             browser.close()
     assert problems == []
     assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+
+def test_dashboard_shows_spend_per_key_and_model_and_failures_with_their_cause(
+    stack: Stack, tmp_path: Path
+) -> None:
+    import json
+    import urllib.request
+
+    from playwright.sync_api import sync_playwright
+
+    good = stack.sim("ok?tokens=12", name="good")
+    bad = stack.sim("500", name="bad")
+    gateway = stack.gateway(
+        {
+            "server": {"master_key": MASTER, "dashboard_token": TOKEN},
+            "state": {"database_url": f"sqlite:///{tmp_path / 'ballast.db'}"},
+            "routing": {"max_attempts": 2},
+            "prices": {"gpt-small": {"input": 150.0, "output": 600.0}},
+            "models": [
+                group("chat", deployment("primary", good, model="gpt-small")),
+                group("broken", deployment("down", bad)),
+            ],
+        }
+    )
+    request = urllib.request.Request(
+        gateway.url + "/admin/keys",
+        data=json.dumps({"name": "finance-team", "budget": 5.0}).encode(),
+        headers={"authorization": f"Bearer {MASTER}", "content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        created = json.loads(response.read())
+    api = openai.OpenAI(
+        base_url=gateway.url + "/v1", api_key=created["key"], max_retries=0, timeout=10
+    )
+    cost = 0.0
+    for _ in range(3):
+        reply = api.chat.completions.create(model="chat", messages=MESSAGES)
+        assert reply.usage is not None
+        cost += (reply.usage.prompt_tokens * 150.0 + reply.usage.completion_tokens * 600.0) / 1e6
+    with pytest.raises(openai.APIStatusError):
+        api.chat.completions.create(model="broken", messages=MESSAGES)
+
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.goto(f"{gateway.url}/dashboard?token={TOKEN}")
+            key_cost = f'[data-usage-key="{created["id"]}"] [data-cost]'
+            page.wait_for_selector(key_cost, timeout=10_000)
+            assert float(page.get_attribute(key_cost, "data-cost") or "nan") == cost
+            model_cost = page.get_attribute('[data-usage-model="chat"] [data-cost]', "data-cost")
+            assert float(model_cost or "nan") == cost
+            page.wait_for_selector('#failures [data-failure="server_error"]', timeout=5_000)
+            assert "broken via down: 502" in page.inner_text("#failures")
+            assert page.inner_text("#spent").startswith("$")
+            row = page.inner_text(f'[data-usage-key="{created["id"]}"]')
+            assert "$" in row and "3" in row
+            target = os.environ.get("BALLAST_DASHBOARD_SCREENSHOT")
+            page.screenshot(path=target or str(tmp_path / "spend.png"), full_page=True)
+        finally:
+            browser.close()
+    assert problems == []

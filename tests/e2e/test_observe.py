@@ -389,7 +389,7 @@ def test_reload_adds_a_deployment_without_a_failed_request_and_refuses_a_broken_
         wait_for(lambda: gateway.app.generation.in_flight > 0)
         path.write_text(yaml.safe_dump(new))
         status, body = call("POST", gateway.url + "/admin/reload", token=MASTER)
-        assert (status, body) == (200, {"status": "reloaded", "generation": 2})
+        assert (status, body["status"], body["generation"]) == (200, "reloaded", 2)
         reloaded = time.monotonic()
         seen = load.count()
         wait_for(lambda: load.count() >= seen + 40)

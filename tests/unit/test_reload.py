@@ -43,7 +43,7 @@ async def test_the_old_generation_is_retired_after_its_grace_on_the_clock(
         assert old.in_flight == 1
         reload = Client(app, "POST", "/admin/reload", [b""], headers=AUTH)
         await reload.done()
-        assert (reload.status, reload.json()) == (200, {"status": "reloaded", "generation": 2})
+        assert (reload.status, reload.json()["generation"]) == (200, 2)
         assert app.reloader.retiring == 1
         with caplog.at_level(logging.WARNING, "ballast.admin"):
             clock.advance(5.9)

@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ballast.observe.request_stats import RequestStats, Snapshots, StatsCollector
+from ballast.observe.families import StatsCollector
+from ballast.observe.request_stats import RequestStats, Snapshots
 
 
 def samples(stats: RequestStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -92,3 +93,23 @@ def test_each_worker_sees_the_sum_of_every_worker(tmp_path: Path) -> None:
         assert samples(first.merged())[("ballast_requests_total", ok)] == 3
 
     asyncio.run(scenario())
+
+
+def test_usage_cache_and_budget_travel_between_workers() -> None:
+    """Each worker's tokens and dollars reach the scrape summed; a budget is the least left."""
+    one, two = RequestStats(), RequestStats()
+    key = ("chat", "a", "openai", "openai", "k1")
+    one.record_usage(key, "chat", 10, 3, 2, 0.1)
+    two.record_usage(key, "chat", 20, 7, 0, 0.2)
+    one.record_cache("chat", "hit")
+    two.record_cache("chat", "hit")
+    one.record_budget("k1", 5.0)
+    two.record_budget("k1", 4.5)
+    total = RequestStats()
+    total.add(RequestStats.loads(one.dumps()))
+    total.add(RequestStats.loads(two.dumps()))
+    assert total.usage[key] == [2, 30, 10, 2, 0.1 + 0.2]
+    assert total.cache == {("chat", "hit"): 2}
+    assert total.budget == {"k1": 4.5}
+    tokens = total.tokens[("chat", "openai", "chat", "a", "openai", "input")]
+    assert tokens[-1] == 30 and sum(tokens[:-1]) == 2  # the sum, and two requests counted

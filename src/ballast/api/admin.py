@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -14,11 +15,14 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from ballast.api.fleet import Fleet
 from ballast.api.reload import Gateway, Reloader
 from ballast.config import masked
 from ballast.observe.metrics import CONTENT_TYPE
 from ballast.pipeline.asgi import JSON, Receive, Scope, Send, header, send_bytes, send_error
 from ballast.pipeline.errors import ApiError
+
+log = logging.getLogger("ballast.admin")
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -75,15 +79,63 @@ def _unauthorized(message: str) -> ApiError:
 
 
 class Admin:
-    def __init__(self, app: Gateway, reloader: Reloader) -> None:
+    def __init__(self, app: Gateway, reloader: Reloader, fleet: Fleet | None = None) -> None:
         self.app = app
         self.reloader = reloader
+        self.fleet = fleet
         self.started = time.time()
+        if fleet is not None:
+            self._join(fleet)
         self._routes: dict[tuple[str, str], tuple[Handler, bool]] = {
             ("GET", "/admin/state"): (self.state, False),
             ("GET", "/admin/events"): (self.events, False),
             ("GET", "/admin/config"): (self.config, True),
             ("POST", "/admin/reload"): (self.reload, True),
+        }
+
+    def _join(self, fleet: Fleet) -> None:
+        """What this worker does when an admin action reaches it from elsewhere."""
+
+        async def drain(args: dict[str, Any]) -> None:
+            self._set_drained(str(args.get("deployment")), True)
+
+        async def enable(args: dict[str, Any]) -> None:
+            self._set_drained(str(args.get("deployment")), False)
+
+        async def reload(args: dict[str, Any]) -> None:
+            for line in await self.reloader.reload():
+                log.error("config reload (sent by another worker) refused: %s", line)
+
+        async def key(args: dict[str, Any]) -> None:
+            fleet.hub.keys.forget(str(args.get("key_id")))
+
+        async def key_changed(key_id: str) -> None:
+            await fleet.announce("key", {"key_id": key_id}, apply_here=False)
+
+        fleet.handlers.update(drain=drain, enable=enable, reload=reload, key=key)
+        fleet.hub.keys.listeners.append(key_changed)
+        fleet.summary = self.summary
+
+    def summary(self) -> dict[str, Any]:
+        """This worker in a line of the fleet view."""
+        app = self.app
+        generation = app.generation
+        targets = generation.router.targets.values()
+        fleet = self.fleet
+        return {
+            "worker": fleet.worker if fleet is not None else str(os.getpid()),
+            "instance": fleet.instance if fleet is not None else "",
+            "pid": os.getpid(),
+            "ready": app.ready,
+            "generation": generation.number,
+            "reloads": self.reloader.reloads,
+            "in_flight": generation.in_flight,
+            "shed": app.shed,
+            "commands_applied": fleet.applied if fleet is not None else 0,
+            "drained": sorted(t.id for t in targets if t.drained),
+            "breakers": {t.id: t.breaker.state.value for t in targets},
+            "models": [g.name for g in generation.settings.models],
+            "rss_bytes": process_stats().get("rss_bytes"),
         }
 
     def add(self, method: str, path: str, handler: Handler, write: bool = True) -> None:
@@ -163,7 +215,11 @@ class Admin:
     # -- read -------------------------------------------------------------------------
 
     async def state(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_bytes(send, 200, [JSON], orjson.dumps(self.snapshot()))
+        """This worker in detail, and under `fleet` every worker of every instance."""
+        snapshot = self.snapshot()
+        if self.fleet is not None:
+            snapshot["fleet"] = await self.fleet.view()
+        await send_bytes(send, 200, [JSON], orjson.dumps(snapshot))
 
     def snapshot(self) -> dict[str, Any]:
         app = self.app
@@ -233,6 +289,38 @@ class Admin:
             "database": self._backend("database"),
             "jobs": {"status": "no jobs backend configured"},
             "last_event": last,
+            "usage": self.usage(),
+            "failures": list(reversed(app.observer.failures))[:20],
+        }
+
+    def usage(self) -> dict[str, Any]:
+        """Tokens and dollars since start by key and by model (every worker's, where the
+        workers share their counters), with each key's budget left as last seen."""
+        metrics = self.app.observer.metrics
+        stats = metrics.snapshots.merged() if metrics.snapshots is not None else metrics.stats
+        by_key: dict[str, list[float]] = {}
+        by_model: dict[str, list[float]] = {}
+        for (model, _dep, _provider, _shape, key_id), row in stats.usage.items():
+            for table, name in ((by_key, key_id), (by_model, model)):
+                total = table.setdefault(name, [0, 0, 0, 0, 0.0])
+                for i, amount in enumerate(row):
+                    total[i] += amount
+
+        def rows(table: dict[str, list[float]], label: str) -> list[dict[str, Any]]:
+            out = []
+            for name, (requests, inp, output, cached, cost) in sorted(table.items()):
+                line = {label: name, "requests": int(requests), "input_tokens": int(inp)}
+                line.update(output_tokens=int(output), cached_tokens=int(cached), cost=cost)
+                if label == "key_id":
+                    line["budget_left"] = stats.budget.get(name)
+                out.append(line)
+            return out
+
+        total_cost = sum(row[4] for row in by_model.values())
+        return {
+            "by_key": rows(by_key, "key_id"),
+            "by_model": rows(by_model, "model"),
+            "cost": total_cost,
         }
 
     def _backend(self, name: str) -> dict[str, Any]:
@@ -268,13 +356,22 @@ class Admin:
         target = self.app.generation.router.targets.get(dep_id)
         if target is None:
             raise ApiError(404, f"Unknown deployment {dep_id[:200]!r}.", code="not_found")
-        if target.drained != drained:
+        body: dict[str, Any] = {"id": dep_id, "drained": drained}
+        if self.fleet is not None:
+            action = "drain" if drained else "enable"
+            body["fleet"] = await self.fleet.announce(action, {"deployment": dep_id})
+        else:
+            self._set_drained(dep_id, drained)
+        body["breaker"] = target.breaker.state.value
+        await send_bytes(send, 200, [JSON], orjson.dumps(body))
+
+    def _set_drained(self, dep_id: str, drained: bool) -> None:
+        target = self.app.generation.router.targets.get(dep_id)
+        if target is not None and target.drained != drained:
             target.drained = drained
             self.app.observer.note(
                 "drain" if drained else "enable", {"deployment": dep_id, "by": "admin"}
             )
-        body = {"id": dep_id, "drained": drained, "breaker": target.breaker.state.value}
-        await send_bytes(send, 200, [JSON], orjson.dumps(body))
 
     async def reload(self, scope: Scope, receive: Receive, send: Send) -> None:
         errors = await self.reloader.reload()
@@ -291,5 +388,7 @@ class Admin:
             }
             await send_bytes(send, 400, [JSON], orjson.dumps(body))
             return
-        done = {"status": "reloaded", "generation": self.app.generation.number}
+        done: dict[str, Any] = {"status": "reloaded", "generation": self.app.generation.number}
+        if self.fleet is not None:  # every other worker and instance reads its own file
+            done["fleet"] = await self.fleet.announce("reload", {}, apply_here=False)
         await send_bytes(send, 200, [JSON], orjson.dumps(done))

@@ -11,6 +11,7 @@ from ballast.pipeline.asgi import JSON, send_bytes
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import bad_request
 from ballast.pipeline.pipeline import Pipeline
+from ballast.pipeline.shape import Shape
 from ballast.types import Receive, Scope, Send
 
 # Counts checked before routing (cheap; an absurd value would only fail upstream, or worse,
@@ -56,14 +57,29 @@ def parse_request(path: str, body: bytes) -> RequestContext:
     return request
 
 
+class OpenAIShape(Shape):
+    """OpenAI's API, the pipeline's own terms: parsed, never translated."""
+
+    name = "openai"
+
+    def parse(self, path: str, body: bytes) -> RequestContext:
+        return parse_request(path, body)
+
+
+OPENAI = OpenAIShape()
+
+
 class OpenAIHandlers:
-    """The OpenAI shape's endpoints, on one pipeline."""
+    """The proxied endpoints on one pipeline: OpenAI's, and those of any other inbound
+    `shape` (which translates to and from the same chat terms)."""
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
 
-    async def proxy(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
-        await self.pipeline.handle(scope, receive, send, path, parse_request)
+    async def proxy(
+        self, scope: Scope, receive: Receive, send: Send, path: str, shape: Shape = OPENAI
+    ) -> None:
+        await self.pipeline.handle(scope, receive, send, path, shape)
 
     async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
         data = [

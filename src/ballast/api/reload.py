@@ -15,12 +15,14 @@ import signal
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from ballast.api.openai import OpenAIHandlers
+from ballast.api.openai import OPENAI, OpenAIHandlers
 from ballast.config import ConfigError, Settings, load_settings
 from ballast.heap import settle_after_retire
 from ballast.observe.hub import Observer, Trace
+from ballast.observe.tracing import request_attributes
 from ballast.pipeline.asgi import Receive, Scope, Send
 from ballast.pipeline.pipeline import Pipeline
+from ballast.pipeline.shape import Shape
 from ballast.resilience.clock import Clock
 from ballast.routing.router import Router
 
@@ -65,22 +67,36 @@ class Generation:
         self.in_flight = 0
         self._idle: asyncio.Event | None = None
 
-    async def proxy(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+    async def proxy(
+        self, scope: Scope, receive: Receive, send: Send, path: str, shape: Shape = OPENAI
+    ) -> None:
+        """One client request of API `shape` for the upstream API `path`."""
         self.in_flight += 1
         trace = Trace(send, self.observer.monotonic)
         tracer = self.router.tracer
         try:
             if tracer is None:
-                await self.handlers.proxy(scope, receive, trace.send, path)
+                await self.handlers.proxy(scope, receive, trace.send, path, shape)
             else:
-                with tracer.span("ballast.request", path=path):
-                    await self.handlers.proxy(scope, receive, trace.send, path)
+                with tracer.span("ballast.request", path=path, shape=shape.name) as span:
+                    try:
+                        await self.handlers.proxy(scope, receive, trace.send, path, shape)
+                    finally:
+                        attributes = request_attributes(path, scope.get("ballast.request"))
+                        attributes["http.response.status_code"] = trace.status or None
+                        tracer.annotate(span, attributes)
         finally:
             self.in_flight -= 1
             if self.in_flight == 0 and self._idle is not None:
                 self._idle.set()
             try:
-                self.observer.request(trace, scope.get("ballast.request"), self.router, path)
+                self.observer.request(
+                    trace,
+                    scope.get("ballast.request"),
+                    self.router,
+                    path,
+                    scope.get("ballast.client_gone", False),
+                )
             except Exception:
                 log.exception("could not record a request")
 
@@ -174,7 +190,7 @@ class Reloader:
         app.openai = handlers
         app.pipeline = pipeline
         self.reloads += 1
-        app.observer.metrics.deployments(router.targets)
+        app.observer.metrics.deployments(router.targets.values())
         app.observer.note(
             "reload",
             {"generation": new.number, "deployments": len(router.targets)},

@@ -118,6 +118,8 @@ def assemble(path: str, events: list[bytes], usage: Any = None) -> bytes | None:
     """The complete body for a stream the client received whole, or None when it was not
     (an error event, a choice that never finished, no `[DONE]`, or anything not understood:
     such an answer is simply not cached)."""
+    if path == "/responses":
+        return _final_response(events)
     chat = path == "/chat/completions"
     head: dict[str, Any] | None = None
     choices: dict[int, _Choice] = {}
@@ -177,6 +179,25 @@ def assemble(path: str, events: list[bytes], usage: Any = None) -> bytes | None:
     if isinstance(usage, dict):
         body["usage"] = usage
     return orjson.dumps(body)
+
+
+def _final_response(events: list[bytes]) -> bytes | None:
+    """A Responses stream's whole answer: the Response its last event carries (OpenAI sends
+    the complete object with `response.completed`), or None when it did not complete."""
+    for event in reversed(events):
+        data = event_data(event)
+        if data is None:
+            continue
+        try:
+            final = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None
+        kind = final.get("type") if isinstance(final, dict) else None
+        response = final.get("response") if isinstance(final, dict) else None
+        if kind in ("response.completed", "response.incomplete") and isinstance(response, dict):
+            return orjson.dumps(response)
+        return None
+    return None
 
 
 def _merge_delta(choice: _Choice, delta: dict[str, Any]) -> bool:

@@ -23,6 +23,13 @@ def prepare_serve(log_level: str, log_format: str, workers: int) -> None:
     os.environ["BALLAST_LOG_LEVEL"] = log_level
     os.environ["BALLAST_LOG_FORMAT"] = log_format
     setup_logging(log_level, log_format)
+    # One name for all of this instance's workers (the fleet view groups them by it).
+    os.environ.setdefault("BALLAST_INSTANCE_ID", f"{os.uname().nodename}-{os.getpid()}")
+    if workers > 1 and not os.environ.get("BALLAST_FLEET_DIR"):
+        # Where the workers find each other to pass admin actions on (api/fleet.py).
+        fleet = tempfile.mkdtemp(prefix="ballast-fleet-")
+        os.environ["BALLAST_FLEET_DIR"] = fleet
+        atexit.register(shutil.rmtree, fleet, True)
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Set before any worker imports prometheus_client: it picks its storage at import.
         directory = tempfile.mkdtemp(prefix="ballast-metrics-")

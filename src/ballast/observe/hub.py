@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from ballast.observe.answer import Answer, answer_fields
 from ballast.observe.logs import access_logged, log_event, log_request
 from ballast.observe.metrics import Metrics
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
@@ -20,7 +21,8 @@ from ballast.types import Message, Send
 NOTABLE = frozenset(
     {"failover", "breaker", "heal", "continuation", "hedge", "fallback", "cooldown", "reload"}
 )
-_ERROR_EVENT = b'data: {"error"'
+# The event that ends a broken stream: OpenAI's, and the typed one of other shapes.
+_ERROR_EVENTS = (b'data: {"error"', b"event: error\n")
 
 
 class Trace:
@@ -59,7 +61,7 @@ class Trace:
                 body = message.get("body", b"")
                 if not self.first and body:
                     self.first = self._now()
-                elif body.startswith(_ERROR_EVENT):
+                elif body.startswith(_ERROR_EVENTS):
                     self.stream_error = True
         elif kind == "http.response.start":
             self.status = message["status"]
@@ -124,6 +126,11 @@ class Observer:
         self.events: deque[dict[str, Any]] = deque(maxlen=ring_size)
         self._seq = itertools.count(1)
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        # Recent failed requests with their cause, for the dashboard.
+        self.failures: deque[dict[str, Any]] = deque(maxlen=100)
+        self._key_labels: set[str] = set()
+        # Dollars left in a key's budget as far as known without a query (set at start-up).
+        self.budget_left: Callable[[Any], float | None] | None = None
 
     # -- router events -----------------------------------------------------------------
 
@@ -147,7 +154,9 @@ class Observer:
 
     # -- client requests ---------------------------------------------------------------
 
-    def request(self, trace: Trace, request: Any, router: Any, path: str) -> None:
+    def request(
+        self, trace: Trace, request: Any, router: Any, path: str, client_gone: bool = False
+    ) -> None:
         """A client request ended (called once per request, after the last byte)."""
         now = self.monotonic()
         latency = now - trace.started
@@ -156,8 +165,10 @@ class Observer:
         deployment = trace.deployment
         attempts = 0
         stream = False
+        shape = "openai"
         if request is not None:
             stream = request.stream
+            shape = request.shape
             group = request.group
             if group is not None:
                 model = group.name
@@ -168,32 +179,123 @@ class Observer:
                     deployment = tried.deployment
         if deployment is None:
             deployment = "none"
-        if not trace.status:
-            outcome = "cancelled"
-        elif trace.stream_error:
-            outcome = "stream_error"
-        elif status < 400:
-            outcome = "ok" if attempts <= 1 else "recovered"
-        elif status < 500:
-            outcome = "rejected"
-        else:
-            outcome = "failed"
+        outcome = outcome_of(trace, status, attempts, client_gone)
         ttft = trace.first - trace.started if trace.first else None
-        self.metrics.request(model, deployment, status, outcome, latency, ttft, attempts)
+        self.metrics.request(model, deployment, status, outcome, latency, ttft, attempts, shape)
         if deployment != "none":
             self.traffic.add(deployment)
+        answer = None
+        if request is not None and request.group is not None:
+            answer = self._account(request, router, model, deployment, path)
+        if outcome not in _GOOD_OUTCOMES:
+            self._failure(trace, request, model, deployment, status, outcome)
         if access_logged():
-            log_request(
-                {
-                    "request_id": trace.request_id,
-                    "path": path,
-                    "model": model,
-                    "deployment": deployment,
-                    "stream": stream,
-                    "status": status,
-                    "outcome": outcome,
-                    "latency_ms": round(latency * 1000, 2),
-                    "ttft_ms": round(ttft * 1000, 2) if ttft is not None else None,
-                    "attempts": attempts,
-                }
+            fields = {
+                "request_id": trace.request_id,
+                "path": path,
+                "shape": shape,
+                "model": model,
+                "deployment": deployment,
+                "stream": stream,
+                "status": status,
+                "outcome": outcome,
+                "latency_ms": round(latency * 1000, 2),
+                "ttft_ms": round(ttft * 1000, 2) if ttft is not None else None,
+                "attempts": attempts,
+            }
+            if request is not None:
+                fields.update(answer_fields(request, router, deployment, answer))
+            log_request(fields)
+
+    def _account(self, request: Any, router: Any, model: str, deployment: str, path: str) -> Answer:
+        """Tokens, dollars, cache result and budget of one request, into the metrics."""
+        answer = Answer.of(request, router, deployment)
+        stats = self.metrics.stats
+        lookup = request.lookup
+        if lookup is not None:
+            stats.record_cache(model, lookup.status.decode("latin-1"))
+        key_label = self._key_label(answer.key_id, router)
+        if answer.reported:
+            stats.record_usage(
+                (model, deployment, answer.provider, answer.shape, key_label),
+                _OPERATIONS.get(path, "chat"),
+                answer.input_tokens,
+                answer.output_tokens,
+                answer.cached_tokens,
+                answer.cost,
             )
+        ticket = request.ticket
+        if ticket is not None and ticket.key.budget is not None and self.budget_left is not None:
+            left = self.budget_left(ticket.key)
+            if left is not None and key_label not in (OTHER_KEY, ALL_KEYS):
+                stats.record_budget(key_label, left)
+        return answer
+
+    def _key_label(self, key_id: str, router: Any) -> str:
+        """The key id as a label: every key while `observe.per_key_metrics` is on and fewer
+        than `observe.max_key_series` were seen, then `other`; `all` when it is off."""
+        settings = router.settings.observe if router is not None else None
+        if settings is None or not settings.per_key_metrics:
+            return ALL_KEYS
+        labels = self._key_labels
+        if key_id in labels:
+            return key_id
+        if len(labels) >= settings.max_key_series:
+            return OTHER_KEY
+        labels.add(key_id)
+        return key_id
+
+    def _failure(
+        self, trace: Trace, request: Any, model: str, deployment: str, status: int, outcome: str
+    ) -> None:
+        """A failed request on the dashboard's failure log, with its cause."""
+        cause = None
+        tried = request.attempts if request is not None else None
+        if tried is not None:
+            last = tried.last_failure()
+            if last is not None:
+                cause = last.kind.label
+        self.failures.append(
+            {
+                "ts": self._time(),
+                "request_id": trace.request_id,
+                "model": model,
+                "deployment": deployment,
+                "status": status,
+                "outcome": outcome,
+                "cause": cause or outcome,
+            }
+        )
+
+
+_GOOD_OUTCOMES = frozenset({"ok", "recovered", "rejected"})
+OTHER_KEY = "other"
+ALL_KEYS = "all"
+_OPERATIONS = {
+    "/chat/completions": "chat",
+    "/completions": "text_completion",
+    "/embeddings": "embeddings",
+    "/messages": "chat",
+    "/responses": "chat",
+}
+
+
+def operation_of(path: str) -> str:
+    """gen_ai.operation.name for a path."""
+    return _OPERATIONS.get(path, "chat")
+
+
+def outcome_of(trace: Trace, status: int, attempts: int, client_gone: bool) -> str:
+    """How a request ended, as the client saw it. A client that went away is `client_gone`,
+    whatever status went out before it left."""
+    if client_gone:
+        return "client_gone"
+    if not trace.status:
+        return "cancelled"
+    if trace.stream_error:
+        return "stream_error"
+    if status < 400:
+        return "ok" if attempts <= 1 else "recovered"
+    if status < 500:
+        return "rejected"
+    return "failed"

@@ -11,11 +11,14 @@ import atexit
 import logging
 import logging.handlers
 import queue
+import re
 import sys
 import time
 from typing import IO, Any
 
 import orjson
+
+from ballast.config import mask_url
 
 ACCESS = logging.getLogger("ballast.access")
 EVENTS = logging.getLogger("ballast.events")
@@ -26,10 +29,43 @@ _SECRET_KEYS = frozenset(
 )
 
 
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
+
+
+def redact(text: str) -> str:
+    """A message with what looks like a credential masked: `?token=` and other secret query
+    parameters (uvicorn's access lines at debug carry the whole path), passwords in URLs,
+    bearer tokens. Runs on the log writer's thread, never on the request path."""
+    if "=" in text or "://" in text:
+        text = mask_url(text)
+    if "earer " in text or "asic " in text:
+        text = _BEARER.sub(r"\1 ****", text)
+    return text
+
+
 def _clean(fields: dict[str, Any]) -> dict[str, Any]:
     if _SECRET_KEYS.isdisjoint(k.lower() for k in fields):
         return fields
     return {k: ("****" if k.lower() in _SECRET_KEYS else v) for k, v in fields.items()}
+
+
+_PLAIN = re.compile(r"[^\s\"=\\\x00-\x1f\x7f]*")
+
+
+def _text_value(value: Any) -> str:
+    """One `key=value` value: quoted and escaped (JSON string rules) unless it is plain, so
+    a newline or a quote in a client's model name cannot forge a field or a log line."""
+    text = value if isinstance(value, str) else str(value)
+    if _PLAIN.fullmatch(text):
+        return text
+    return orjson.dumps(text).decode()
+
+
+def _escape_line(text: str) -> str:
+    """Control characters of a message as escapes: one record is one line."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 class JsonFormatter(logging.Formatter):
@@ -40,13 +76,13 @@ class JsonFormatter(logging.Formatter):
             "ts": _iso(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact(record.getMessage()),
         }
         fields = getattr(record, "fields", None)
         if fields:
             out.update(_clean(fields))
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = redact(self.formatException(record.exc_info))
         return orjson.dumps(out, default=str).decode()
 
 
@@ -57,10 +93,17 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        record.message = _escape_line(redact(record.getMessage()))
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
         fields = getattr(record, "fields", None)
         if fields:
-            line += " " + " ".join(f"{k}={v}" for k, v in _clean(fields).items())
+            line += " " + " ".join(
+                f"{_text_value(k)}={_text_value(v)}" for k, v in _clean(fields).items()
+            )
+        if record.exc_info:
+            line += "\n" + redact(self.formatException(record.exc_info))
         return line
 
 

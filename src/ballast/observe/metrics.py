@@ -10,6 +10,7 @@ worker's own."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -23,9 +24,12 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ballast.observe.request_stats import RequestStats, Snapshots, StatsCollector
+from ballast.observe.families import StatsCollector
+from ballast.observe.request_stats import RequestStats, Snapshots
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+
+OTHER = "other"  # the label of every model name that is not configured
 
 BREAKER_VALUES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 
@@ -107,6 +111,8 @@ class Metrics:
             "ballast_config_reloads", "Config reloads by result.", ("result",), registry=reg
         )
         self._event_children: dict[tuple[str, ...], Any] = {}
+        self._models: frozenset[str] = frozenset()
+        self._patterns: tuple[str, ...] = ()
         self.stats = RequestStats()
         # The hot path: one call per client request, straight to the counters.
         self.request = self.stats.record
@@ -144,7 +150,10 @@ class Metrics:
         elif name == "heal":
             self._child(self.heals, dep, reason).inc()
         elif name == "fallback":
-            self._child(self.fallbacks, str(fields.get("from")), str(fields.get("to"))).inc()
+            models = self.model_label
+            self._child(
+                self.fallbacks, models(str(fields.get("from"))), models(str(fields.get("to")))
+            ).inc()
         elif name == "cooldown":
             self._child(self.cooldowns, dep).inc()
         elif name == "probe":
@@ -157,11 +166,36 @@ class Metrics:
             child = self._event_children[key] = metric.labels(*labels)
         return child
 
-    def deployments(self, ids: Iterable[str]) -> None:
-        """Create the per-deployment series at start, so a scrape shows every deployment
-        (closed breakers, zero failovers) before anything happens."""
-        for dep in ids:
+    def deployments(self, targets: Iterable[Any]) -> None:
+        """Create the per-deployment series at start (or reload), so a scrape shows every
+        deployment (closed breakers, zero failovers) before anything happens; and learn the
+        configured model names, the only ones a label may take."""
+        exact: set[str] = set()
+        patterns: list[str] = []
+        for target in targets:
+            dep = target if isinstance(target, str) else target.id
             self._child(self.breaker_state, dep).set(0.0)
+            group = getattr(target, "group", None)
+            if group is not None:
+                names = (group.name, *group.fallbacks, *group.context_fallbacks)
+                for model in names:
+                    if any(c in model for c in "*?["):
+                        patterns.append(model)
+                    else:
+                        exact.add(model)
+        self._models = frozenset(exact)
+        self._patterns = tuple(dict.fromkeys(patterns))
+
+    def model_label(self, model: str) -> str:
+        """A model name fit for a label: a configured name (or the wildcard group it falls
+        in), else `other`. A client's model names never make a series of their own: 2,300
+        names once made /metrics 60 MB."""
+        if model in self._models:
+            return model
+        for pattern in self._patterns:
+            if fnmatch.fnmatchcase(model, pattern):
+                return pattern
+        return OTHER
 
     # -- scrape ----------------------------------------------------------------------
 

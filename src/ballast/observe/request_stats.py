@@ -1,5 +1,6 @@
 """The numbers recorded for every client request (count by outcome, latency and time to first
-token histograms, upstream attempts), kept as plain Python counters.
+token histograms, upstream attempts, tokens and dollars), kept as plain Python counters;
+families.py turns them into Prometheus families when scraped.
 
 prometheus_client's metric objects take a lock and walk their buckets in Python on every
 call; in the running gateway that cost several microseconds per request. Here a request
@@ -18,18 +19,16 @@ import contextlib
 import logging
 import os
 from bisect import bisect_left
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger("ballast.metrics")
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# The OpenTelemetry GenAI semantic conventions' advice for gen_ai.client.token.usage.
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 SNAPSHOT_PREFIX = "ballast-requests-"
 
@@ -46,6 +45,13 @@ class _Timing:
         self.ttft_sum = 0.0
 
 
+# (model, deployment, provider, shape, key id): what was asked and spent.
+UsageKey = tuple[str, str, str, str, str]
+# (operation, provider, model, deployment, shape, token type): a token histogram's series.
+TokenKey = tuple[str, str, str, str, str, str]
+REQUESTS, INPUT, OUTPUT, CACHED, COST = range(5)
+
+
 class RequestStats:
     """This process's request counters since it started."""
 
@@ -53,7 +59,65 @@ class RequestStats:
         self.counts: dict[tuple[str, str, str, str], int] = {}
         self.timings: dict[tuple[str, str], _Timing] = {}
         self.attempts: dict[str, int] = {}
+        self.shapes: dict[tuple[str, str], int] = {}  # (inbound API shape, outcome)
+        # [requests, input tokens, output tokens, cached input tokens, dollars]
+        self.usage: dict[UsageKey, list[float]] = {}
+        # bucket counts (the last is +Inf), then the sum
+        self.tokens: dict[TokenKey, list[int]] = {}
+        self.cache: dict[tuple[str, str], int] = {}  # (model, hit|miss|bypass)
+        self.budget: dict[str, float] = {}  # key id -> dollars left in the period
+        self._histograms: dict[tuple[str, UsageKey], tuple[list[int], list[int]]] = {}
         self.changed = False
+
+    def record_usage(
+        self,
+        key: UsageKey,
+        operation: str,
+        input_tokens: int,
+        output_tokens: int,
+        cached_tokens: int,
+        cost: float,
+    ) -> None:
+        """An answered request's tokens and dollars (after `record`, off the hot path's
+        critical part: a few dict operations)."""
+        row = self.usage.get(key)
+        if row is None:
+            row = self.usage[key] = [0, 0, 0, 0, 0.0]
+        row[REQUESTS] += 1
+        row[INPUT] += input_tokens
+        row[OUTPUT] += output_tokens
+        row[CACHED] += cached_tokens
+        row[COST] += cost
+        histograms = self._histograms.get((operation, key))
+        if histograms is None:
+            histograms = self._histograms[(operation, key)] = self._token_series(operation, key)
+        inputs, outputs = histograms
+        inputs[bisect_left(TOKEN_BUCKETS, input_tokens)] += 1
+        inputs[-1] += input_tokens
+        outputs[bisect_left(TOKEN_BUCKETS, output_tokens)] += 1
+        outputs[-1] += output_tokens
+        self.changed = True
+
+    def _token_series(self, operation: str, key: UsageKey) -> tuple[list[int], list[int]]:
+        """The input and output token histograms one usage key adds to."""
+        model, deployment, provider, shape, _ = key
+        found = []
+        for kind in ("input", "output"):
+            series = (operation, provider, model, deployment, shape, kind)
+            counts = self.tokens.get(series)
+            if counts is None:
+                counts = self.tokens[series] = [0] * (len(TOKEN_BUCKETS) + 2)
+            found.append(counts)
+        return found[0], found[1]
+
+    def record_cache(self, model: str, status: str) -> None:
+        key = (model, status)
+        self.cache[key] = self.cache.get(key, 0) + 1
+        self.changed = True
+
+    def record_budget(self, key_id: str, remaining: float) -> None:
+        self.budget[key_id] = remaining
+        self.changed = True
 
     def record(
         self,
@@ -64,8 +128,11 @@ class RequestStats:
         latency: float,
         ttft: float | None,
         attempts: int,
+        shape: str = "openai",
     ) -> None:
         key = (model, deployment, str(status), outcome)
+        by_shape = (shape, outcome)
+        self.shapes[by_shape] = self.shapes.get(by_shape, 0) + 1
         counts = self.counts
         counts[key] = counts.get(key, 0) + 1
         timing = self.timings.get((model, deployment))
@@ -94,6 +161,30 @@ class RequestStats:
             mine.ttft_sum += theirs.ttft_sum
         for model, n in other.attempts.items():
             self.attempts[model] = self.attempts.get(model, 0) + n
+        for pair, n in other.shapes.items():
+            self.shapes[pair] = self.shapes.get(pair, 0) + n
+        self._add_usage(other)
+
+    def _add_usage(self, other: RequestStats) -> None:
+        for usage_key, theirs in other.usage.items():
+            row = self.usage.get(usage_key)
+            if row is None:
+                row = self.usage[usage_key] = [0, 0, 0, 0, 0.0]
+            for i, amount in enumerate(theirs):
+                row[i] += amount
+        for series, their_counts in other.tokens.items():
+            counts = self.tokens.get(series)
+            if counts is None:
+                counts = self.tokens[series] = [0] * (len(TOKEN_BUCKETS) + 2)
+            for i, count in enumerate(their_counts):
+                counts[i] += count
+        for cache_key, count in other.cache.items():
+            self.cache[cache_key] = self.cache.get(cache_key, 0) + count
+        for key_id, left in other.budget.items():
+            # Each worker saw the shared spend at its last request: the least left is the
+            # latest figure (spend only grows within a period).
+            known = self.budget.get(key_id)
+            self.budget[key_id] = left if known is None else min(known, left)
 
     def dumps(self) -> bytes:
         return orjson.dumps(
@@ -104,6 +195,11 @@ class RequestStats:
                     for key, t in self.timings.items()
                 ],
                 "attempts": self.attempts,
+                "shapes": [[*key, n] for key, n in self.shapes.items()],
+                "usage": [[*key, *row] for key, row in self.usage.items()],
+                "tokens": [[*key, *counts] for key, counts in self.tokens.items()],
+                "cache": [[*key, n] for key, n in self.cache.items()],
+                "budget": self.budget,
             }
         )
 
@@ -125,56 +221,31 @@ class RequestStats:
                 timing.ttft_sum = float(ttft_sum)
                 stats.timings[(str(model), str(dep))] = timing
             stats.attempts = {str(k): int(v) for k, v in raw["attempts"].items()}
+            for shape, outcome, n in raw.get("shapes", ()):  # absent in older snapshots
+                stats.shapes[(str(shape), str(outcome))] = int(n)
+            for model, dep, provider, shape, key_id, requests, inp, out, cached, cost in raw[
+                "usage"
+            ]:
+                usage_key = (str(model), str(dep), str(provider), str(shape), str(key_id))
+                stats.usage[usage_key] = [
+                    int(requests),
+                    int(inp),
+                    int(out),
+                    int(cached),
+                    float(cost),
+                ]
+            for row in raw["tokens"]:
+                operation, provider, model, dep, shape, kind = (str(n) for n in row[:6])
+                counts = [int(n) for n in row[6:]]
+                if len(counts) != len(TOKEN_BUCKETS) + 2:
+                    raise ValueError("token buckets differ")
+                stats.tokens[(operation, provider, model, dep, shape, kind)] = counts
+            for model, status, n in raw["cache"]:
+                stats.cache[(str(model), str(status))] = int(n)
+            stats.budget = {str(k): float(v) for k, v in raw["budget"].items()}
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a request stats snapshot: {exc}") from None
         return stats
-
-
-def _buckets(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
-    out = []
-    total = 0
-    for bound, n in zip((*bounds, float("inf")), counts, strict=True):
-        total += n
-        out.append((floatToGoString(bound), float(total)))  # type: ignore[no-untyped-call]
-    return out
-
-
-class StatsCollector(Collector):
-    """The request families as Prometheus sees them, built from `RequestStats` at scrape."""
-
-    def __init__(self, stats: RequestStats) -> None:
-        self._stats = stats
-
-    def collect(self) -> Iterator[Metric]:
-        stats = self._stats
-        requests = CounterMetricFamily(
-            "ballast_requests",
-            "Client requests by model group, deployment, status and outcome.",
-            labels=["model", "deployment", "status", "outcome"],
-        )
-        for key, n in sorted(stats.counts.items()):
-            requests.add_metric(list(key), float(n))
-        latency = HistogramMetricFamily(
-            "ballast_request_duration_seconds",
-            "Client request latency, first byte received to last byte sent.",
-            labels=["model", "deployment"],
-        )
-        ttft = HistogramMetricFamily(
-            "ballast_time_to_first_token_seconds",
-            "Streams: time from the request to the first byte of the answer sent to the client.",
-            labels=["model", "deployment"],
-        )
-        for pair, t in sorted(stats.timings.items()):
-            latency.add_metric(list(pair), _buckets(LATENCY_BUCKETS, t.latency), t.latency_sum)
-            ttft.add_metric(list(pair), _buckets(TTFT_BUCKETS, t.ttft), t.ttft_sum)
-        attempts = CounterMetricFamily(
-            "ballast_upstream_attempts",
-            "Upstream attempts made for client requests (first tries, retries, continuations).",
-            labels=["model"],
-        )
-        for model, n in sorted(stats.attempts.items()):
-            attempts.add_metric([model], float(n))
-        yield from (requests, latency, ttft, attempts)
 
 
 class Snapshots:

@@ -1,15 +1,27 @@
-"""OpenTelemetry spans per request and per upstream attempt. Optional: off unless
-`observe.tracing` is set and the `opentelemetry` packages are installed; when off, the hot
-path pays one `is None` check."""
+"""OpenTelemetry spans per request and per upstream attempt, exported by Ballast itself.
+
+Tracing is on with `observe.tracing: true` or when `OTEL_EXPORTER_OTLP_ENDPOINT` (or its
+traces-only twin) is set, and needs the tracing extra. Unless something else already set
+a tracer provider (`opentelemetry-instrument`, a test), Ballast sets up one per process:
+an OTLP/HTTP exporter behind a batch processor, which read the standard variables
+themselves (`OTEL_EXPORTER_OTLP_*ENDPOINT`, `_HEADERS`, `_TIMEOUT`, `OTEL_SERVICE_NAME`,
+`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`, `OTEL_BSP_*`); `OTEL_TRACES_EXPORTER`
+may say `console` or `none`, and `OTEL_SDK_DISABLED=true` turns it all off. When off, the
+hot path pays one `is None` check."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 log = logging.getLogger("ballast.tracing")
+
+_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+_configured: bool | None = None  # this process's provider: set up, or found unusable
 
 
 class Tracer:
@@ -32,15 +44,111 @@ class Tracer:
                 span.set_attribute("ballast.outcome", str(label))
                 raise
 
+    @staticmethod
+    def annotate(span: Any, attributes: Mapping[str, Any]) -> None:
+        """Attributes under their own names (the GenAI semantic conventions'); None skipped."""
+        for key, value in attributes.items():
+            if value is not None:
+                span.set_attribute(key, value)
+
+
+def tracing_wanted(enabled: bool, environ: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return enabled or any(env.get(name) for name in _ENDPOINTS)
+
 
 def build_tracer(enabled: bool) -> Tracer | None:
     """The tracer, or None when tracing is off or OpenTelemetry is not installed."""
-    if not enabled:
+    if not tracing_wanted(enabled):
         return None
     try:
         from opentelemetry import trace
         from opentelemetry.trace import Status, StatusCode
     except ImportError:
-        log.warning("observe.tracing is on but opentelemetry is not installed; tracing is off")
+        log.warning("tracing is on but opentelemetry is not installed; tracing is off")
         return None
+    _configure_provider(trace)
     return Tracer(trace.get_tracer("ballast"), Status, StatusCode)
+
+
+def _configure_provider(trace: Any) -> None:
+    """Set up this process's exporting provider once, unless one is already set."""
+    global _configured
+    if _configured is not None:
+        return
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        _configured = False  # someone else's provider: its exporters are theirs
+        return
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        log.warning("the OpenTelemetry SDK is not installed; spans go nowhere")
+        _configured = False
+        return
+    exporter = _exporter()
+    _configured = True
+    if exporter is None:
+        return
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "ballast"}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+
+
+def _exporter() -> Any:
+    kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")[0].strip().lower()
+    if kind == "none":
+        return None
+    if kind == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if kind != "otlp":
+        log.warning("OTEL_TRACES_EXPORTER=%s is not supported here; using otlp", kind[:40])
+    protocol = os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+    )
+    if protocol.strip().lower() == "grpc":
+        log.warning("OTLP over gRPC is not included; exporting over OTLP/HTTP (protobuf)")
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        log.warning("opentelemetry-exporter-otlp-proto-http is not installed; no export")
+        return None
+    return OTLPSpanExporter()
+
+
+def request_attributes(path: str, request: Any) -> dict[str, Any]:
+    """The GenAI attributes of a finished request, from its context (None: not a model
+    request, or it ended before parsing)."""
+    operation = {"/embeddings": "embeddings", "/completions": "text_completion"}.get(path, "chat")
+    attributes: dict[str, Any] = {"gen_ai.operation.name": operation}
+    if request is None:
+        return attributes
+    attributes["gen_ai.request.model"] = request.model[:200]
+    attributes["ballast.shape"] = getattr(request, "shape", "openai")
+    if request.answered_model:
+        attributes["gen_ai.response.model"] = request.answered_model[:200]
+    if request.tokens is not None:
+        attributes["gen_ai.usage.input_tokens"] = request.tokens[0]
+        attributes["gen_ai.usage.output_tokens"] = request.tokens[1]
+    reason = getattr(request, "finish_reason", None)
+    if isinstance(reason, str):
+        attributes["gen_ai.response.finish_reasons"] = (reason[:40],)
+    if request.attempts is not None:
+        attributes["ballast.attempts"] = request.attempts.count
+    return attributes
+
+
+def attempt_attributes(target: Any, model: str) -> dict[str, Any]:
+    """The GenAI attributes of one upstream attempt: who was asked, for what."""
+    deployment = target.deployment
+    return {
+        "gen_ai.provider.name": str(deployment.provider),
+        "gen_ai.request.model": target.adapter.upstream_model(model)[:200],
+        "server.address": urlsplit(deployment.url).hostname,
+    }

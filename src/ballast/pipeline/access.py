@@ -53,6 +53,8 @@ def token_counts(usage: Any) -> tuple[int, int]:
     garbage must not fail an answered request, nor a spend batch (and its replays) for good."""
     if not isinstance(usage, dict):
         return 0, 0
+    if "input_tokens" in usage:  # a Responses answer relayed as the upstream sent it
+        return _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
     return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
 
 
@@ -62,6 +64,12 @@ def _count(value: Any) -> int:
     if type(value) is float and value > 0 and math.isfinite(value):
         return int(min(value, MAX_TOKEN_COUNT))
     return 0
+
+
+def estimate_prompt_tokens(request: RequestContext) -> int:
+    """The prompt's tokens, estimated from its (chat) body: a byte / 4, at least 1. JSON
+    punctuation and field names count too, so it errs high, the safe side for planning."""
+    return max(1, len(request.raw) // 4)
 
 
 def estimate_tokens(request: RequestContext) -> int:
@@ -229,6 +237,14 @@ class Access:
         if cached[1] > self.clock.monotonic() or cache_key in self._refreshing:
             return cached[0] + self.spend.unflushed(key.id, period)
         return None
+
+    def budget_left(self, key: KeyRecord) -> float | None:
+        """Dollars left in the key's period as far as known without a query (the metrics'
+        budget gauge), or None."""
+        if key.budget is None:
+            return None
+        spent = self._known_spend(key)
+        return None if spent is None else key.budget - spent
 
     async def _spent(self, key: KeyRecord) -> float:
         """The period's spend when `_known_spend` has none: the request that finds the

@@ -31,6 +31,7 @@ from ballast.pipeline.asgi import (
 )
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import bad_request
+from ballast.pipeline.shape import Shape, TranslatedSend
 
 if TYPE_CHECKING:
     from ballast.pipeline.access import Access
@@ -97,11 +98,20 @@ async def send_hit(
     lookup: Lookup,
     extra: list[tuple[bytes, bytes]],
     include_usage: bool,
+    shape: Shape,
 ) -> None:
+    """The kept (chat) answer, in the client's shape: as it is for OpenAI's."""
     assert lookup.body is not None
     if not request.stream:
-        await send_bytes(send, 200, [JSON, *extra], lookup.body)
+        body = lookup.body
+        if shape.translates:
+            body = shape.answer(request, orjson.loads(body))
+        await send_bytes(send, 200, [JSON, *extra], body)
         return
+    translator = shape.translator(request)
+    if translator is not None:  # it reads the usage, which never reaches the client as is
+        send = TranslatedSend(send, translator).send
+        include_usage = True
     body = replay(request.path, lookup.body, include_usage)
     await send(
         {"type": "http.response.start", "status": 200, "headers": [EVENT_STREAM, NO_CACHE, *extra]}

@@ -36,6 +36,7 @@ class RequestContext:
     model: str
     stream: bool
     request_id: str | None = None
+    shape: str = "openai"  # the inbound API shape the client spoke (logs and metrics)
     fallbacks: tuple[str, ...] = ()
     authorization: bytes | None = None  # the client's Authorization header, as sent
     edits: dict[str, Any] = field(default_factory=dict)
@@ -45,6 +46,12 @@ class RequestContext:
     attempts: Attempts | None = None  # set by dispatch (logs and metrics read it)
     usage_added: bool = False  # usage was asked of the upstream for accounting only
     settled: bool = False  # usage and spend recorded (or the request ended without them)
+    # What answered, for the request log and metrics (set at settle).
+    usage: Any = None  # the usage the upstream reported
+    tokens: tuple[int, int] | None = None  # (prompt, completion) from that usage
+    answered_model: str | None = None  # the model name in the answer
+    finish_reason: str | None = None  # the answer's first choice's
+    upstream_headers: Any = None  # the answering upstream's headers (its request id)
     _credential: str | None = None
 
     @property

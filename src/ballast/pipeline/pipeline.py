@@ -1,6 +1,8 @@
 """The request pipeline. Its order is written here once:
 
-1. parse    the inbound shape turns the client's body into a RequestContext (api/);
+1. parse    the inbound shape turns the client's body into a RequestContext (api/), in
+            chat-completion terms; its answer, stream and errors go back through the same
+            shape (shape.py), so nothing below knows which API the client spoke;
 2. resolve  the model names a model group, or 404;
 3. admit    keys, model allowlist, budget and rate limits (access.py), when keys are in use;
 4. cache    an answer kept for an identical request is served without going upstream;
@@ -17,11 +19,11 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ballast.cache.replay import is_complete
 from ballast.config import ModelGroup, Settings
+from ballast.pipeline.access import token_counts
 from ballast.pipeline.asgi import (
     EVENT_STREAM,
     JSON,
@@ -47,6 +49,7 @@ from ballast.pipeline.errors import ApiError, from_failure, model_not_found
 from ballast.pipeline.keepalive import KeepAlive
 from ballast.pipeline.relay import Relay
 from ballast.pipeline.respond import HeaderAllowlist, Responder
+from ballast.pipeline.shape import Shape, TranslatedSend
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.failures import Action, Failure
 from ballast.routing.attempts import Attempts
@@ -60,11 +63,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ballast.api")
 
+
+def finish_reason(payload: dict[str, Any]) -> str | None:
+    """The first choice's finish reason of a whole answer (traces record it)."""
+    choices = payload.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        reason = choices[0].get("finish_reason")
+        return reason if isinstance(reason, str) else None
+    return None
+
+
 _ID_PREFIX = os.urandom(4).hex()
 _ids = itertools.count(1)
-
-# An inbound shape's parser: the upstream API path and the body -> the request context.
-Parse = Callable[[str, bytes], RequestContext]
 
 
 def request_id(scope: Scope) -> bytes:
@@ -96,10 +106,10 @@ class Pipeline:
         self.cache: ResponseCache | None = None  # likewise; used by groups with `cache`
 
     async def handle(
-        self, scope: Scope, receive: Receive, send: Send, path: str, parse: Parse
+        self, scope: Scope, receive: Receive, send: Send, path: str, shape: Shape
     ) -> None:
         rid = request_id(scope)
-        responder = Responder(send, [(b"x-request-id", rid)])
+        responder = Responder(send, [(b"x-request-id", rid)], shape)
         watch: DisconnectWatch | None = None
         ctx: RequestContext | None = None
         try:
@@ -107,9 +117,10 @@ class Pipeline:
             body = await read_body(
                 scope, receive, self.max_body_bytes, self.body_timeout, self.clock
             )
-            ctx = parse(path, body)  # 1
+            ctx = shape.parse(path, body)  # 1
             ctx.request_id = rid.decode("latin-1")
-            ctx.authorization = header(scope, b"authorization")
+            ctx.shape = shape.name
+            ctx.authorization = shape.authorization(scope)
             scope["ballast.request"] = ctx  # read by the request log and metrics
             group = self._resolve(ctx)  # 2
             cache_field = take_field(ctx) if "cache" in ctx.payload else None
@@ -132,10 +143,12 @@ class Pipeline:
                 watch.stop()
             await self._failed(failure, responder)
         except ClientGone:
+            scope["ballast.client_gone"] = True
             return
         except asyncio.CancelledError:
             if watch is None or not watch.fired:
                 raise
+            scope["ballast.client_gone"] = True  # the request log's outcome
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
@@ -192,9 +205,8 @@ class Pipeline:
         watch.stop()
         ctx.settled = True  # a hit is settled as one, below
         settle_hit(self.access, ctx.ticket, lookup)
-        await send_hit(
-            responder.send, ctx, lookup, responder.extra, wants_usage(ctx, ctx.usage_added)
-        )
+        usage = wants_usage(ctx, ctx.usage_added)
+        await send_hit(responder.send, ctx, lookup, responder.extra, usage, responder.shape)
         return True
 
     async def _complete(
@@ -205,6 +217,8 @@ class Pipeline:
         watch.stop()
         payload = reply.payload if isinstance(reply.payload, dict) else {}
         model = payload.get("model")
+        ctx.upstream_headers = reply.headers
+        ctx.finish_reason = finish_reason(payload)
         self._settle(
             ctx, model if isinstance(model, str) else ctx.model, payload.get("usage"), None
         )
@@ -212,20 +226,28 @@ class Pipeline:
             await ctx.lookup.store(reply.body)
         headers = self.expose.filter(reply.headers)
         headers.append(JSON)  # the body parsed as a JSON object, whatever the upstream said
-        await responder.answer(reply.status, headers, reply.body)
+        body = reply.body
+        if responder.shape.translates and isinstance(reply.payload, dict):
+            body = responder.shape.answer(ctx, reply.payload)
+        await responder.answer(reply.status, headers, body)
 
     async def _stream(
         self, ctx: RequestContext, group: ModelGroup, responder: Responder, watch: DisconnectWatch
     ) -> None:
         send = responder.send
         strip_usage = ctx.usage_added
+        translator = responder.shape.translator(ctx)
+        if translator is not None:  # the shape reads the usage chunk; it never reaches the client
+            send = TranslatedSend(send, translator).send
+            strip_usage = False
         if ctx.lookup is not None:  # usage is asked for, to be kept with the answer
-            hide = ctx.ask_for_usage()
+            hide = ctx.ask_for_usage() and translator is None
             recorder = StreamRecorder(send, ctx.lookup, ctx.path, hide)
             send = recorder.send
             strip_usage = False
         ctx.attempts = attempts = self.router.loop.begin(stream=True)
         opened = await self._open(ctx, group, attempts, responder, send)
+        ctx.upstream_headers = opened.stream.headers
         relay = Relay(self.router.dispatch, ctx, group, opened, attempts, self.continuation)
         relay.strip_usage = strip_usage
         try:
@@ -242,6 +264,7 @@ class Pipeline:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             relay.close()
+        ctx.finish_reason = relay.opened.stream.state.finish_reason
         self._settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
 
     async def _open(
@@ -286,7 +309,10 @@ class Pipeline:
     async def _passthrough(self, failure: Failure, responder: Responder) -> None:
         headers = self.expose.filter(failure.headers)
         headers.append(JSON)
-        await responder.answer(failure.status or 502, headers, failure.body or b"")
+        status, body = failure.status or 502, failure.body or b""
+        if responder.shape.translates:
+            status, body = responder.shape.passthrough(status, body)
+        await responder.answer(status, headers, body)
 
     async def _failed(self, failure: Failure, responder: Responder) -> None:
         if is_passthrough(failure) and not responder.started:
@@ -301,5 +327,9 @@ class Pipeline:
         if ctx.settled:
             return
         ctx.settled = True
+        ctx.usage = usage
+        ctx.answered_model = model or None
+        if isinstance(usage, dict):
+            ctx.tokens = token_counts(usage)
         if self.access is not None and ctx.ticket is not None:
             self.access.settle(ctx.ticket, model, usage, deployment)

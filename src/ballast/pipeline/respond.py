@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from ballast.pipeline.asgi import JSON, send_bytes
 from ballast.pipeline.errors import ApiError
+from ballast.pipeline.shape import Shape
 from ballast.types import Message, Send
 
 Headers = list[tuple[bytes, bytes]]
@@ -48,15 +49,19 @@ class HeaderAllowlist:
         return out
 
 
+_OPENAI = Shape()
+
+
 class Responder:
     """Wraps the client's `send` and notes when the response started: the one guard every
-    stage asks before it answers."""
+    stage asks before it answers. Errors take the form of the client's API `shape`."""
 
-    __slots__ = ("_send", "extra", "started", "streaming")
+    __slots__ = ("_send", "extra", "shape", "started", "streaming")
 
-    def __init__(self, send: Send, extra: Headers) -> None:
+    def __init__(self, send: Send, extra: Headers, shape: Shape = _OPENAI) -> None:
         self._send = send
         self.extra = extra  # Ballast's own headers on whatever answer goes out
+        self.shape = shape
         self.started = False
         self.streaming = False
 
@@ -74,8 +79,8 @@ class Responder:
         """An error in the client's shape: a status and a body before the response started;
         an SSE error event that ends a started stream; nothing for a started answer."""
         if not self.started:
-            await self.answer(error.status, [JSON, *error.headers], error.body())
+            status, body = self.shape.error(error)
+            await self.answer(status, [JSON, *error.headers], body)
         elif self.streaming:
-            await self._send(
-                {"type": "http.response.body", "body": error.event(), "more_body": False}
-            )
+            event = self.shape.error_event(error)
+            await self._send({"type": "http.response.body", "body": event, "more_body": False})

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from ballast.config import ModelGroup, Settings
-from ballast.observe.tracing import Tracer
+from ballast.observe.tracing import Tracer, attempt_attributes
 from ballast.resilience import failures
 from ballast.resilience.breaker import Permit
 from ballast.resilience.clock import Clock
@@ -247,7 +247,8 @@ class AttemptLoop:
         attempt = Attempt(target, permit, self.verdicts, attempts.deadline)
         try:
             if self.tracer is not None:
-                with self.tracer.span("ballast.attempt", deployment=target.id, model=model):
+                with self.tracer.span("ballast.attempt", deployment=target.id, model=model) as span:
+                    self.tracer.annotate(span, attempt_attributes(target, model))
                     result = await exchange(attempt, model)
             else:
                 result = await exchange(attempt, model)

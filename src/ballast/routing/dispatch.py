@@ -15,6 +15,7 @@ from ballast.resilience.clock import Clock
 from ballast.resilience.failures import Failure
 from ballast.routing.attempt import Attempt
 from ballast.routing.attempts import AttemptLoop, Attempts, Exchange, Routable, first_success
+from ballast.routing.targets import Target
 from ballast.upstream.client import Route
 from ballast.upstream.collect import collect
 from ballast.upstream.exchange import Reply, UpstreamStream, fetch, open_stream
@@ -31,7 +32,11 @@ class Call(OutboundCall, Routable, Protocol):
 
 def streamable(call: Call) -> bool:
     """A whole answer that can be asked for as a stream and put back together exactly:
-    not one with log probabilities, `best_of` or `echo` (such a request goes as it came)."""
+    not one with log probabilities, `best_of` or `echo` (such a request goes as it came).
+    A Responses stream ends with the whole Response, so it can be (not a background one,
+    whose answer is the queued response itself)."""
+    if call.path == "/responses":
+        return not call.payload.get("background")
     if call.path != "/chat/completions" and call.path != "/completions":
         return False
     payload = call.payload
@@ -46,7 +51,10 @@ class AsStream:
 
     def __init__(self, call: Call) -> None:
         self._call = call
-        self.edits = {**call.edits, "stream": True, "stream_options": {"include_usage": True}}
+        if call.path == "/responses":  # its stream always ends with the usage
+            self.edits = {**call.edits, "stream": True}
+        else:
+            self.edits = {**call.edits, "stream": True, "stream_options": {"include_usage": True}}
 
     @property
     def path(self) -> str:
@@ -83,10 +91,27 @@ class OpenStream:
 
 
 class Dispatch:
-    def __init__(self, loop: AttemptLoop, clock: Clock, answers_as_streams: bool = False) -> None:
+    def __init__(
+        self,
+        loop: AttemptLoop,
+        clock: Clock,
+        answers_as_streams: bool = False,
+        whole_answer_share: float = 1.0,
+    ) -> None:
         self.loop = loop
         self.clock = clock
         self.answers_as_streams = answers_as_streams
+        self.whole_answer_share = whole_answer_share
+
+    def _as_stream(self, target: Target) -> bool:
+        own = target.adapter.deployment.answers_as_streams
+        return self.answers_as_streams if own is None else own
+
+    def _whole_answer_deadline(self, attempt: Attempt, attempts: Attempts) -> float:
+        """A whole answer no stream clock guards may use only its share of the time left,
+        so that a silent deployment still leaves time for the next one."""
+        now = self.clock.monotonic()
+        return min(attempt.deadline, now + (attempts.deadline - now) * self.whole_answer_share)
 
     def _routed(
         self,
@@ -116,21 +141,25 @@ class Dispatch:
         """A whole answer from the first deployment that gives one. It is asked for as a
         stream where it can be (`routing.answers_as_streams`), so a silent or stalled
         deployment is found out by the stream clocks and replaced, not waited for."""
-        as_stream = self.answers_as_streams and streamable(call)
+        can_stream = streamable(call)
+        others = len(group.deployments) > 1 or bool(group.fallbacks) or bool(call.fallbacks)
 
         def exchange(attempt: Attempt, model: str) -> Awaitable[Reply]:
             target = attempt.target
-            if as_stream:
+            if can_stream and self._as_stream(target):
                 return self._collect(attempt, attempts, call, model)
             adapter = target.adapter
             body = adapter.body(call, model)
             wire = adapter.wire(call, model, body, False)
+            deadline = (
+                self._whole_answer_deadline(attempt, attempts) if others else attempt.deadline
+            )
             if adapter.handles is None:  # the usual case: no route to find first
                 return fetch(
                     target.upstream,
                     call.path,
                     body,
-                    attempt.deadline,
+                    deadline,
                     self.clock,
                     call.request_id,
                     None,
@@ -145,7 +174,7 @@ class Dispatch:
                     target.upstream,
                     call.path,
                     body,
-                    attempt.deadline,
+                    deadline,
                     self.clock,
                     call.request_id,
                     route,

@@ -46,6 +46,7 @@ class Prober:
         breaker = settings.routing.breaker
         self.interval = breaker.probe_interval
         self.max_interval = max(breaker.max_probe_interval, breaker.probe_interval)
+        self.backoff_after = breaker.probe_backoff_after
         self.auth_cooldown = settings.routing.auth_cooldown
         self.clock = clock
         self.on_event = on_event
@@ -86,6 +87,7 @@ class Prober:
 
     async def _watch(self, target: Target) -> None:
         interval = self.interval
+        failing_since: float | None = None  # the first failed probe of this outage
         while self._running:
             wait = max(interval, target.cooling_until - self.clock.monotonic())
             await self.clock.sleep(wait)
@@ -94,11 +96,15 @@ class Prober:
                     break  # healthy again
                 continue
             outcome = await self._probe(target)
+            now = self.clock.monotonic()
             if outcome == "ok":
                 self._recovered(target)
-                interval = self.interval
+                interval, failing_since = self.interval, None
             elif outcome == "skipped":
                 interval = self.interval
+            elif failing_since is None or now - failing_since < self.backoff_after:
+                failing_since = now if failing_since is None else failing_since
+                interval = self.interval  # a short outage: its end is seen within an interval
             else:
                 interval = min(interval * 2, self.max_interval)
 

@@ -52,7 +52,10 @@ class Router:
             on_auth=self.prober.check_auth,
             on_health_failure=self.prober.watch,
         )
-        self.dispatch = Dispatch(self.loop, clock, settings.routing.answers_as_streams)
+        routing = settings.routing
+        self.dispatch = Dispatch(
+            self.loop, clock, routing.answers_as_streams, routing.whole_answer_share
+        )
 
     def _event(self, name: str, fields: dict[str, Any]) -> None:
         self.on_event(name, fields)

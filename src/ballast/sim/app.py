@@ -44,6 +44,8 @@ from ballast.sim.conn import pause as _pause
 from ballast.sim.conn import reset as _reset
 from ballast.sim.gemini import add_gemini_routes
 from ballast.sim.jobs import add_job_routes
+from ballast.sim.responses import BadInput, max_output_tokens, messages_of, response_body
+from ballast.sim.responses import stream_events as response_events
 from ballast.sim.state import SIM_STATE, SimState, mask_secret
 
 BEHAVIOUR_HEADER = "x-sim-behaviour"
@@ -54,6 +56,8 @@ ERROR_EVENT = (
     b'data: {"error": {"message": "The server is overloaded (sim).", "type": "server_error",'
     b' "param": null, "code": "overloaded"}}\n\n'
 )
+# The send times of a stream's first tokens are logged, so a test can tell what a relay adds.
+MAX_SEND_TIMES = 256
 MAX_BODY_BYTES = 64 * 1024 * 1024
 HTML_PAGE = (
     b"<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway"
@@ -121,6 +125,12 @@ async def _read_body(request: web.Request, default_model: str | None = None) -> 
 
 
 def _answer_for(kind: str, body: dict[str, Any], tokens: int) -> Answer:
+    if kind == "responses":
+        try:
+            cap = max_output_tokens(body)
+            return chat_answer(messages_of(body), tokens, cap)
+        except BadInput as exc:
+            raise _BadRequest(str(exc), exc.param) from None
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -199,23 +209,46 @@ async def _endpoint(
         return web.Response()
 
     ids = Ids(state.next_id(), int(time.time()), model, state.name)
+    # A tool-calling model answers in text once its tool's result is back.
+    shape = "text" if behaviour.shape == "tool" and _tool_result_last(body) else behaviour.shape
+    if shape == "text" and _wants_json(body):
+        shape = "json"  # asked for JSON output: the answer is the object {"q": ...}
     if kind == "embeddings":
         encoding = "base64" if body.get("encoding_format") == "base64" else "float"
         return await _plain(request, entry, outcome, embeddings_body(ids, texts, encoding), 0)
     assert answer is not None
+    if kind == "responses":
+        if not stream:
+            full = response_body(ids, body, answer, shape)
+            return await _plain(request, entry, outcome, full, answer.completion_tokens)
+        events, first = response_events(ids, body, answer, shape)
+        return await _stream(request, entry, behaviour, outcome, events, answer, first, b"")
     if not stream:
-        full = (
-            chat_body(ids, answer, behaviour.shape)
-            if kind == "chat"
-            else completion_body(ids, answer)
-        )
+        full = chat_body(ids, answer, shape) if kind == "chat" else completion_body(ids, answer)
         return await _plain(request, entry, outcome, full, answer.completion_tokens)
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     events = stream_events(
-        ids, answer, chat=kind == "chat", include_usage=include_usage, shape=behaviour.shape
+        ids, answer, chat=kind == "chat", include_usage=include_usage, shape=shape
     )
-    return await _stream(request, entry, behaviour, outcome, events, answer, chat=kind == "chat")
+    return await _stream(request, entry, behaviour, outcome, events, answer, int(kind == "chat"))
+
+
+def _wants_json(body: dict[str, Any]) -> bool:
+    given = body.get("response_format")
+    text = body.get("text")
+    if given is None and isinstance(text, dict):
+        given = text.get("format")  # the Responses wire's place for it
+    return isinstance(given, dict) and given.get("type") in ("json_schema", "json_object")
+
+
+def _tool_result_last(body: dict[str, Any]) -> bool:
+    for key in ("messages", "input"):
+        given = body.get(key)
+        if isinstance(given, list) and given and isinstance(given[-1], dict):
+            last = given[-1]
+            return last.get("role") == "tool" or last.get("type") == "function_call_output"
+    return False
 
 
 async def _plain(
@@ -261,15 +294,15 @@ async def _stream(
     outcome: str,
     events: list[bytes],
     answer: Answer,
-    *,
-    chat: bool,
+    first_token: int,
+    done: bytes = DONE_EVENT,
 ) -> web.StreamResponse:
+    """`events[first_token]` is the first that carries a token; `done` ends the stream."""
     if outcome in ("gzip_truncated", "wrong_type"):
-        whole = b"".join([*events, DONE_EVENT])
+        whole = b"".join([*events, done])
         if outcome == "gzip_truncated":
             return _truncated_gzip(entry, whole, "text/event-stream")
         return web.Response(body=whole, content_type="application/json")
-    first_token = 1 if chat else 0
     fault_at = first_token + min(behaviour.after, len(answer.pieces))
     cut_at = fault_at if outcome == "cut" else -1
     stall_at = fault_at if outcome == "stall" else -1
@@ -301,10 +334,14 @@ async def _stream(
             await response.write(event)
             if first_token <= index < first_token + len(answer.pieces):
                 entry["tokens"] += 1
+                sent = entry.setdefault("sent", [])
+                if len(sent) < MAX_SEND_TIMES:
+                    sent.append(time.time())  # wall clock: a client can compare its own
         if outcome != "no_done":
             if behaviour.delay > 0 and not await _pause(request, behaviour.delay):
                 raise ConnectionResetError("client went away")
-            await response.write(DONE_EVENT)
+            if done:
+                await response.write(done)
         await response.write_eof()
     except ConnectionError:
         entry["disconnected"] = True
@@ -317,6 +354,10 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     return await _endpoint(request, "completions")
+
+
+async def _responses(request: web.Request) -> web.StreamResponse:
+    return await _endpoint(request, "responses")
 
 
 async def _embeddings(request: web.Request) -> web.StreamResponse:
@@ -393,6 +434,7 @@ def create_app(
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/embeddings", _embeddings)
+    app.router.add_post("/v1/responses", _responses)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_get("/health", _health)

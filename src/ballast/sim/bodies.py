@@ -80,6 +80,8 @@ def chat_body(ids: Ids, answer: Answer, shape: str = "text") -> dict[str, Any]:
     elif shape == "reasoning":
         message["content"] = ""
         message["reasoning_content"] = answer.text
+    elif shape == "json":
+        message["content"] = "".join(tool_arguments(answer.pieces))
     body["choices"] = [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}]
     body["usage"] = answer.usage()
     return body
@@ -117,7 +119,7 @@ def stream_events(
     Chat: a role chunk, one chunk per token, the finish chunk, then the usage chunk when
     asked for. Completions: one chunk per token, the finish chunk, the usage chunk. A chat
     answer's tokens are text, a tool call's arguments (the first chunk names the tool), or
-    reasoning, by `shape`.
+    reasoning, by `shape` (`json`: text that is the JSON object `{"q": ...}`).
     """
     if chat:
         head = ids.head("chatcmpl", "chat.completion.chunk")
@@ -139,7 +141,8 @@ def stream_events(
         elif shape == "reasoning":
             events += [sse(chunk({"reasoning_content": p}, None)) for p in answer.pieces]
         else:
-            events += [sse(chunk({"content": piece}, None)) for piece in answer.pieces]
+            pieces = tool_arguments(answer.pieces) if shape == "json" else answer.pieces
+            events += [sse(chunk({"content": piece}, None)) for piece in pieces]
         events.append(sse(chunk({}, finish)))
     else:
         head = ids.head("cmpl", "text_completion")

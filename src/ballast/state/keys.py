@@ -12,6 +12,7 @@ import hashlib
 import logging
 import secrets
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -117,6 +118,8 @@ class KeyService:
         self._flights: dict[str, asyncio.Future[KeyRecord | None]] = {}
         self.db_queries = 0
         self.revocations = 0  # callers that cache keys of their own drop them when it moves
+        # Told the id of every key revoked or changed here (the fleet tells everyone else).
+        self.listeners: list[Callable[[str], Awaitable[None]]] = []
 
     # -- administration -------------------------------------------------------------
 
@@ -190,7 +193,25 @@ class KeyService:
         for digest in hashes:
             self._cache.pop(digest, None)
             await self._forget(digest, key_id)
+        if hashes:
+            await self.changed(key_id)
         return bool(hashes)
+
+    async def changed(self, key_id: str) -> None:
+        """Tell the listeners a key was revoked or changed (each failure only logged)."""
+        for listener in self.listeners:
+            try:
+                await listener(key_id)
+            except Exception:
+                log.exception("could not announce the change of key %s", key_id)
+
+    def forget(self, key_id: str) -> None:
+        """Another worker or instance changed this key: drop what this one remembers of it,
+        and void what callers remember of any key (they compare `revocations`)."""
+        stale = [d for d, (record, _) in self._cache.items() if record and record.id == key_id]
+        for digest in stale:
+            self._cache.pop(digest, None)
+        self.revocations += 1
 
     async def _forget(self, digest: str, key_id: str) -> None:
         if self.store is None:

@@ -88,3 +88,15 @@ jobs = sa.Table(
     sa.Index("ix_jobs_due", "status", "next_poll_at"),
     sa.Index("ix_jobs_key", "key_id", "created_at"),
 )
+
+# Admin actions for every worker and instance (api/fleet.py): the fallback when Redis
+# pub/sub cannot carry them, read by polling `seq`.
+admin_commands = sa.Table(
+    "admin_commands",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("id", sa.String(40), nullable=False, unique=True),
+    sa.Column("action", sa.String(40), nullable=False),
+    sa.Column("args", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)

@@ -73,6 +73,7 @@ class ToolCall:
 # `reasoning_content` (DeepSeek, vLLM) or `reasoning` (OpenRouter, Ollama).
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 _OTHER_OUTPUT = ("refusal", "audio", "function_call")
+_TERMINAL = frozenset(("response.completed", "response.incomplete", "response.failed"))
 
 
 @dataclass(slots=True)
@@ -87,6 +88,7 @@ class StreamState:
     output: bool = False
     untracked: bool = False  # output that continuation cannot match (refusal, audio, ...)
     finished: bool = False
+    finish_reason: str | None = None  # the last choice's, for traces
     done: bool = False
     usage: dict[str, Any] | None = None
     malformed: int = 0
@@ -122,11 +124,35 @@ class StreamState:
                 if piece and isinstance(piece, str):
                     self.text.append(piece)
                     self.output = True
-                if choice.get("finish_reason"):
+                reason = choice.get("finish_reason")
+                if reason:
                     self.finished = True
+                    self.finish_reason = reason if isinstance(reason, str) else None
+        elif "type" in payload:
+            self._observe_typed(payload)
         usage = payload.get("usage")
         if usage is not None and isinstance(usage, dict):
             self.usage = usage
+
+    def _observe_typed(self, payload: dict[str, Any]) -> None:
+        """An event of a Responses stream (one relayed as the upstream sent it): a delta is
+        output, and a terminal event ends the answer with its usage (no `[DONE]` follows)."""
+        kind = payload["type"]
+        if not isinstance(kind, str):
+            return
+        if kind.endswith(".delta"):
+            self.output = True
+            piece = payload.get("delta")
+            if kind == "response.output_text.delta" and isinstance(piece, str):
+                self.text.append(piece)
+            else:
+                self.untracked = True
+        elif kind in _TERMINAL:
+            self.finished = self.done = True
+            response = payload.get("response")
+            usage = response.get("usage") if isinstance(response, dict) else None
+            if isinstance(usage, dict):
+                self.usage = usage
 
     def _observe_other(self, delta: dict[str, Any]) -> None:
         if "role" in delta:

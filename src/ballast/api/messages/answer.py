@@ -1,0 +1,116 @@
+"""A chat answer as an Anthropic Message: content blocks, stop reason and usage. The stream
+translator (stream.py) uses the same mappings, so both forms agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+# A chat finish_reason -> Anthropic's stop_reason ("stop" is refined by `stop_reason`).
+_STOP_REASONS = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "refusal",
+}
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def message_id(chat_id: Any) -> str:
+    """An Anthropic message id made from the upstream's answer id."""
+    text = chat_id if isinstance(chat_id, str) and chat_id else "ballast"
+    return "msg_" + text.removeprefix("chatcmpl-")
+
+
+def stop_reason(finish: Any, matched: Any, stops: Any) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence). A chat answer does not say whether a stop sequence
+    ended it, except where the upstream names the one it matched (vLLM's `stop_reason`);
+    otherwise a "stop" is a natural end of turn."""
+    if finish == "stop" and isinstance(matched, str) and isinstance(stops, list):
+        if matched in stops:
+            return "stop_sequence", matched
+    if not isinstance(finish, str):
+        return "end_turn", None
+    return _STOP_REASONS.get(finish, "end_turn"), None
+
+
+def usage_of(usage: Any, estimate: int = 0) -> dict[str, int]:
+    """Anthropic usage from chat usage. Anthropic counts tokens read from a prompt cache
+    apart from `input_tokens`; a chat upstream counts them inside `prompt_tokens`."""
+    if not isinstance(usage, dict):
+        return {"input_tokens": estimate, "output_tokens": 0}
+    prompt = _count(usage.get("prompt_tokens"))
+    details = usage.get("prompt_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    cached = min(cached, prompt)
+    out = {"input_tokens": prompt - cached, "output_tokens": _count(usage.get("completion_tokens"))}
+    if cached:
+        out["cache_read_input_tokens"] = cached
+    return out
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and value > 0 else 0
+
+
+def tool_input(arguments: Any) -> dict[str, Any]:
+    """A tool call's arguments as the object Anthropic's `input` is. Arguments that are not
+    a JSON object (a model's broken output) are kept whole under `_arguments`, not lost."""
+    if isinstance(arguments, dict):
+        return arguments
+    if not isinstance(arguments, str) or not arguments.strip():
+        return {}
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return {"_arguments": arguments}
+    return parsed if isinstance(parsed, dict) else {"_arguments": arguments}
+
+
+def message_body(chat: dict[str, Any], model: str, stops: Any, estimate: int = 0) -> dict[str, Any]:
+    """The Message for a whole chat answer."""
+    choices = chat.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else {}
+    if not isinstance(choice, dict):
+        choice = {}
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        message = {}
+    content: list[dict[str, Any]] = []
+    for name in REASONING_FIELDS:
+        reasoning = message.get(name)
+        if isinstance(reasoning, str) and reasoning:
+            content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+            break
+    text = message.get("content")
+    if isinstance(text, str) and text:
+        content.append({"type": "text", "text": text})
+    calls = message.get("tool_calls")
+    for i, call in enumerate(calls if isinstance(calls, list) else ()):
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        call_id = call.get("id")
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call_id if isinstance(call_id, str) and call_id else f"toolu_{i}",
+                "name": str(function.get("name") or ""),
+                "input": tool_input(function.get("arguments")),
+            }
+        )
+    reason, sequence = stop_reason(choice.get("finish_reason"), choice.get("stop_reason"), stops)
+    answered = chat.get("model")
+    return {
+        "id": message_id(chat.get("id")),
+        "type": "message",
+        "role": "assistant",
+        "model": answered if isinstance(answered, str) and answered else model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": usage_of(chat.get("usage"), estimate),
+    }

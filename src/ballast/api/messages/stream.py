@@ -1,0 +1,256 @@
+"""A chat stream as Anthropic's typed events, one translator per request.
+
+States: WAITING (nothing said yet; keep-alive comments become `ping` events), OPEN
+(`message_start` sent; content blocks open and close as the chat deltas change kind: thinking,
+text, one tool_use block per tool call), ENDED (`message_delta` and `message_stop` sent, or
+an `error` event). `message_start` is held until the first chat chunk, so it carries the
+upstream's answer id and model; its `input_tokens` is the upstream's count when that chunk
+reports usage, else the gateway's estimate, and `message_delta` carries the real input and
+output tokens of the usage chunk at the end (the SDK keeps the later figure)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import orjson
+
+from ballast.api.messages.answer import REASONING_FIELDS, message_id, stop_reason, usage_of
+from ballast.api.messages.errors import event as error_event
+from ballast.api.messages.errors import from_openai_event
+from ballast.upstream.sse import event_data
+
+
+class State(enum.Enum):
+    WAITING = "waiting"
+    OPEN = "open"
+    ENDED = "ended"
+
+
+PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+_TEXT = ("text", -1)
+# A text delta, the event nearly every chunk becomes: formatted, not built and encoded.
+_TEXT_DELTA = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+    b'"delta":{"type":"text_delta","text":%b}}\n\n'
+)
+
+
+def sse(name: bytes, payload: dict[str, Any]) -> bytes:
+    return b"event: " + name + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+class MessagesStream:
+    """Feeds on whole chat SSE events; returns Anthropic SSE bytes."""
+
+    __slots__ = (
+        "_block",
+        "_blocks",
+        "_finish",
+        "_matched",
+        "_out",
+        "_tools",
+        "_usage",
+        "estimate",
+        "model",
+        "state",
+        "stops",
+    )
+
+    def __init__(self, model: str, stops: Any, estimate: int) -> None:
+        self.model = model
+        self.stops = stops
+        self.estimate = estimate  # input tokens for message_start when the upstream says none
+        self.state = State.WAITING
+        self._out: list[bytes] = []
+        self._blocks = 0  # content blocks started so far
+        self._block: tuple[str, int] | None = None  # the open block: (kind, tool index or -1)
+        self._tools: dict[int, int] = {}  # chat tool call index -> content block index
+        self._finish: Any = None
+        self._matched: Any = None
+        self._usage: Any = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state is State.ENDED
+
+    def __repr__(self) -> str:
+        return f"<MessagesStream {self.state.value} blocks={self._blocks}>"
+
+    def feed(self, data: bytes) -> bytes:
+        if self.state is State.ENDED:
+            return b""
+        out = self._out
+        for piece in data.split(b"\n\n"):
+            if piece:
+                self._event(piece)
+                if self.ended:
+                    break
+        self._out = []
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """The chat stream ended: a finished answer is closed; one that never finished and
+        had no error event is ended with one (never a truncated success)."""
+        if self.state is State.ENDED:
+            return b""
+        if self._finish is None:
+            self._fail("api_error", "The upstream stream ended before the answer finished.")
+        else:
+            self._end()
+        out, self._out = self._out, []
+        return b"".join(out)
+
+    # -- one chat event ----------------------------------------------------------------
+
+    def _event(self, event: bytes) -> None:
+        data = event[5:].strip() if event.startswith(b"data:") and b"\n" not in event else None
+        if data is None:
+            data = event_data(event)
+        if data is None:
+            if event.startswith(b":") and self.state is State.WAITING:
+                self._out.append(PING)  # the keep-alive while the first token is awaited
+            return
+        if data == b"[DONE]":
+            if self._finish is None:
+                self._fail("api_error", "The upstream stream ended before the answer finished.")
+            else:
+                self._end()
+            return
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return  # the relay skips malformed chunks too
+        if not isinstance(chunk, dict):
+            return
+        if "error" in chunk and "choices" not in chunk:
+            self._out.append(from_openai_event(chunk))
+            self.state = State.ENDED
+            return
+        if self.state is State.WAITING:
+            self._start(chunk)
+        usage = chunk.get("usage")
+        if usage is not None and isinstance(usage, dict):
+            self._usage = usage
+        choices = chunk.get("choices")
+        if choices and isinstance(choices, list):
+            choice = choices[0]
+            if isinstance(choice, dict):
+                delta = choice.get("delta")
+                # The common chunk: one piece of text, nothing else (written for speed).
+                if type(delta) is dict and len(delta) == 1 and self._block == _TEXT:
+                    piece = delta.get("content")
+                    if type(piece) is str and not choice.get("finish_reason"):
+                        if piece:
+                            self._out.append(_TEXT_DELTA % (self._blocks - 1, orjson.dumps(piece)))
+                        return
+                self._choice(choice)
+
+    def _start(self, chunk: dict[str, Any]) -> None:
+        model = chunk.get("model")
+        usage = usage_of(chunk.get("usage"), self.estimate)
+        usage["output_tokens"] = 0
+        message: dict[str, Any] = {
+            "id": message_id(chunk.get("id")),
+            "type": "message",
+            "role": "assistant",
+            "model": model if isinstance(model, str) and model else self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        self._out.append(sse(b"message_start", {"type": "message_start", "message": message}))
+        self.state = State.OPEN
+
+    def _choice(self, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            for name in REASONING_FIELDS:
+                piece = delta.get(name)
+                if isinstance(piece, str) and piece:
+                    self._delta("thinking", -1, {"type": "thinking_delta", "thinking": piece})
+            piece = delta.get("content")
+            if isinstance(piece, str) and piece:
+                self._delta("text", -1, {"type": "text_delta", "text": piece})
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                for call in calls:
+                    if isinstance(call, dict):
+                        self._tool(call)
+        finish = choice.get("finish_reason")
+        if finish:
+            self._finish = finish
+            self._matched = choice.get("stop_reason")
+
+    def _tool(self, call: dict[str, Any]) -> None:
+        index = call.get("index", 0)
+        if type(index) is not int:
+            return
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        if index not in self._tools:
+            call_id = call.get("id")
+            block = {
+                "type": "tool_use",
+                "id": call_id if isinstance(call_id, str) and call_id else f"toolu_{index}",
+                "name": str(function.get("name") or ""),
+                "input": {},
+            }
+            self._open("tool", index, block)
+            self._tools[index] = self._blocks - 1
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            self._out.append(
+                sse(
+                    b"content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": self._tools[index],
+                        "delta": {"type": "input_json_delta", "partial_json": arguments},
+                    },
+                )
+            )
+
+    # -- blocks ------------------------------------------------------------------------
+
+    def _delta(self, kind: str, tool: int, delta: dict[str, Any]) -> None:
+        if self._block != (kind, tool):
+            empty: dict[str, Any] = (
+                {"type": "text", "text": ""}
+                if kind == "text"
+                else {"type": "thinking", "thinking": "", "signature": ""}
+            )
+            self._open(kind, tool, empty)
+        index = self._blocks - 1
+        payload = {"type": "content_block_delta", "index": index, "delta": delta}
+        self._out.append(sse(b"content_block_delta", payload))
+
+    def _open(self, kind: str, tool: int, block: dict[str, Any]) -> None:
+        self._close()
+        payload = {"type": "content_block_start", "index": self._blocks, "content_block": block}
+        self._out.append(sse(b"content_block_start", payload))
+        self._block = (kind, tool)
+        self._blocks += 1
+
+    def _close(self) -> None:
+        if self._block is not None:
+            payload = {"type": "content_block_stop", "index": self._blocks - 1}
+            self._out.append(sse(b"content_block_stop", payload))
+            self._block = None
+
+    def _end(self) -> None:
+        if self.state is State.WAITING:
+            self._start({})
+        self._close()
+        reason, sequence = stop_reason(self._finish, self._matched, self.stops)
+        usage = usage_of(self._usage, self.estimate)
+        delta = {"stop_reason": reason, "stop_sequence": sequence}
+        payload = {"type": "message_delta", "delta": delta, "usage": usage}
+        self._out.append(sse(b"message_delta", payload))
+        self._out.append(sse(b"message_stop", {"type": "message_stop"}))
+        self.state = State.ENDED
+
+    def _fail(self, error_type: str, message: str) -> None:
+        self._out.append(error_event(error_type, message))
+        self.state = State.ENDED

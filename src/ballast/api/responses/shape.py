@@ -1,0 +1,182 @@
+"""`POST /v1/responses` as an inbound shape. Each request is served one of two ways, chosen
+from the deployments that may answer it (`responses: native|bridge` on each):
+
+- bridge: the request becomes a chat completion (request.py), and the chat answer or stream
+  becomes a Response or its events (answer.py, stream.py): any upstream can serve it;
+- native: every deployment of the model (and of its fallbacks) speaks Responses itself, so
+  the client's body goes to their `/responses` and their answer comes back as it is. Routing,
+  failover before the first byte, the stream clocks, keys and spend work as for any request;
+  a native stream that breaks after its first byte is not continued (its events cannot be
+  spliced): the client gets an `error` event.
+
+The pipeline, the attempt loop and the relay never know which way a request went."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ballast.api.responses.answer import new_id, to_response
+from ballast.api.responses.request import to_chat
+from ballast.api.responses.stream import ResponseStream
+from ballast.config import ModelGroup
+from ballast.pipeline.context import RequestContext
+from ballast.pipeline.errors import ApiError, bad_request
+from ballast.pipeline.shape import Shape, StreamTranslator
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+
+Resolve = Callable[[str], ModelGroup | None]
+_MAX_OUTPUT = 1 << 24
+
+
+@dataclass(slots=True)
+class ResponsesContext(RequestContext):
+    """A Responses request: the pipeline's (chat or native) request, with the client's own
+    body and the id its answer will carry."""
+
+    request: dict[str, Any] = field(default_factory=dict)
+    native: bool = False
+    response_id: str = ""
+    created: int = 0
+
+
+def _typed_error(code: str | None, message: str, sequence: int) -> bytes:
+    body: dict[str, Any] = {"type": "error", "code": code, "message": message, "param": None}
+    body["sequence_number"] = sequence
+    return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
+
+
+class NativeStream:
+    """A native stream passes as the upstream sent it; only the relay's own error event (in
+    chat terms) becomes a Responses `error` event, numbered after the last one relayed."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last = -1
+
+    def feed(self, data: bytes) -> bytes:
+        if data.startswith(b'data: {"error"'):
+            try:
+                error = orjson.loads(data[6:])["error"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                error = {}
+            error = error if isinstance(error, dict) else {}
+            message = str(error.get("message") or "the upstream stream failed")
+            return _typed_error(error.get("code"), message, self._last + 1)
+        at = data.rfind(b'"sequence_number":')
+        if at >= 0:
+            digits = data[at + 18 : at + 30].split(b",")[0].split(b"}")[0].strip()
+            if digits.isdigit():
+                self._last = int(digits)
+        return data
+
+    def finish(self) -> bytes:
+        return b""
+
+
+class ResponsesShape(Shape):
+    name = "responses"
+    translates = True
+
+    def __init__(self, resolve: Resolve, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._resolve = resolve  # the model groups of the configuration now serving
+        self._clock = clock
+        # The way each group is served, decided once per group object (a reloaded
+        # configuration brings new ones); requests naming their own fallbacks decide anew.
+        self._ways: dict[int, tuple[ModelGroup, bool]] = {}
+
+    def parse(self, path: str, body: bytes) -> RequestContext:
+        payload = _load(body)
+        model = payload.get("model")
+        if not isinstance(model, str) or not model:
+            raise bad_request("You must provide a model parameter.", "model")
+        stream = payload.get("stream") or False
+        if not isinstance(stream, bool):
+            raise bad_request("'stream' must be a boolean.", "stream")
+        cap = payload.get("max_output_tokens")
+        if cap is not None and (type(cap) is not int or cap < 1 or cap > _MAX_OUTPUT):
+            raise bad_request(
+                f"'max_output_tokens' must be an integer from 1 to {_MAX_OUTPUT}.",
+                "max_output_tokens",
+            )
+        fallbacks = _fallbacks(payload)
+        if self._native(model, fallbacks):
+            ctx = ResponsesContext("/responses", payload, body, model, stream)
+            ctx.native = True
+            ctx.usage_added = True  # a Responses stream always ends with its usage
+            if "fallbacks" in payload:
+                ctx.edits["fallbacks"] = None  # Ballast's own field: never forwarded
+        else:
+            chat = to_chat(payload)
+            if "cache" in payload:
+                chat["cache"] = payload["cache"]  # Ballast's own field, read by the cache
+            ctx = ResponsesContext("/chat/completions", chat, orjson.dumps(chat), model, stream)
+        ctx.fallbacks = fallbacks
+        ctx.request = payload
+        ctx.response_id = new_id("resp")
+        ctx.created = int(self._clock.time())
+        return ctx
+
+    def _native(self, model: str, fallbacks: Iterable[str]) -> bool:
+        """Native only when every deployment that may answer speaks Responses itself."""
+        group = self._resolve(model)
+        if group is None:
+            return False
+        if not fallbacks:
+            known = self._ways.get(id(group))
+            if known is not None and known[0] is group:
+                return known[1]
+        native = self._all_native(group, fallbacks)
+        if not fallbacks:
+            if len(self._ways) >= 4096:
+                self._ways.clear()
+            self._ways[id(group)] = (group, native)
+        return native
+
+    def _all_native(self, group: ModelGroup, fallbacks: Iterable[str]) -> bool:
+        groups = [group]
+        for name in [*group.fallbacks, *fallbacks, *group.context_fallbacks]:
+            found = self._resolve(name)
+            if found is not None:
+                groups.append(found)
+        return all(d.responses_mode == "native" for g in groups for d in g.deployments)
+
+    def answer(self, ctx: RequestContext, payload: dict[str, Any]) -> bytes:
+        assert isinstance(ctx, ResponsesContext)
+        if ctx.native:
+            return orjson.dumps(payload)
+        return orjson.dumps(to_response(payload, ctx.request, ctx.response_id, ctx.created))
+
+    def translator(self, ctx: RequestContext) -> StreamTranslator:
+        assert isinstance(ctx, ResponsesContext)
+        if ctx.native:
+            return NativeStream()
+        return ResponseStream(ctx.request, ctx.response_id, ctx.created, "")
+
+    def error_event(self, error: ApiError) -> bytes:
+        """A stream that failed before any event of its own went out (keep-alive comments
+        at most): the error is its first numbered event."""
+        return _typed_error(error.code, error.message, 0)
+
+
+def _load(body: bytes) -> dict[str, Any]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise bad_request("We could not parse the JSON body of your request.") from None
+    if not isinstance(payload, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return payload
+
+
+def _fallbacks(payload: dict[str, Any]) -> tuple[str, ...]:
+    given = payload.get("fallbacks")
+    if given is None:
+        return ()
+    if not isinstance(given, list) or not all(isinstance(m, str) for m in given):
+        raise bad_request("'fallbacks' must be a list of model names.", "fallbacks")
+    return tuple(given)

@@ -1,0 +1,100 @@
+"""An inbound API shape: where a client's wire format meets the pipeline's terms.
+
+The pipeline speaks chat completions: its request is a RequestContext whose payload and
+edits describe the chat request an upstream gets, its whole answer is a chat completion and
+its stream is chat SSE events. A shape translates between that and its own wire exactly
+once, here, for every request of that shape:
+
+- `parse`: the client's body -> the RequestContext (in chat terms);
+- `answer`: a whole chat answer -> the shape's body;
+- `translator`: a stream's chat events (with the keep-alive comments and the relay's error
+  events) -> the shape's events, one translator per request, with a final flush;
+- `error` / `error_event`: an ApiError -> the shape's status and body, or its in-stream event;
+- `passthrough`: an upstream's own refusal of the request -> the shape's status and body.
+
+The attempt loop, the watchdogs, keep-alive, continuation, the cache and settlement never
+know which shape a request came in: they run once, on the chat terms. The OpenAI shape is
+the pipeline's own, so it translates nothing (`translates` is False) and its bytes pass as
+they are."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+from ballast.pipeline.asgi import Scope, header
+from ballast.pipeline.context import RequestContext
+from ballast.pipeline.errors import ApiError
+from ballast.types import Message, Send
+
+
+class StreamTranslator(Protocol):
+    """One request's stream, from chat SSE to the shape's events."""
+
+    def feed(self, data: bytes) -> bytes:
+        """The shape's bytes for `data`, whole chat SSE events (or keep-alive comments)."""
+        ...
+
+    def finish(self) -> bytes:
+        """What ends the shape's stream once the chat stream has ended (may be empty)."""
+        ...
+
+
+class Shape:
+    """The base of every shape, and the OpenAI shape's rendering: errors in OpenAI's form,
+    answers and streams as the upstream sent them."""
+
+    name: ClassVar[str] = "openai"
+    # False: answers, streams and passthrough bodies are already in the client's shape.
+    translates: ClassVar[bool] = False
+
+    def parse(self, path: str, body: bytes) -> RequestContext:
+        """The client's body as the pipeline's (chat) request; ApiError for a bad one."""
+        raise NotImplementedError
+
+    def authorization(self, scope: Scope) -> bytes | None:
+        """The credential, as an `Authorization` header value (what the key lookup reads)."""
+        return header(scope, b"authorization")
+
+    def answer(self, ctx: RequestContext, payload: dict[str, Any]) -> bytes:
+        """A whole chat answer in the shape's body (only asked of translating shapes)."""
+        raise NotImplementedError
+
+    def translator(self, ctx: RequestContext) -> StreamTranslator | None:
+        """A new translator for one stream; None when the chat events are the shape's."""
+        return None
+
+    def error(self, error: ApiError) -> tuple[int, bytes]:
+        """(status, body) of an error before the response started."""
+        return error.status, error.body()
+
+    def error_event(self, error: ApiError) -> bytes:
+        """The event that ends a started stream with `error`."""
+        return error.event()
+
+    def passthrough(self, status: int, body: bytes) -> tuple[int, bytes]:
+        """(status, body) for an upstream's own refusal, given in OpenAI's shape."""
+        return status, body
+
+
+class TranslatedSend:
+    """The client's `send` for a translating shape's stream: each body message's chat
+    events become the shape's, and the last one carries the translator's final flush.
+    The response's start passes unchanged."""
+
+    __slots__ = ("_send", "translator")
+
+    def __init__(self, send: Send, translator: StreamTranslator) -> None:
+        self._send = send
+        self.translator = translator
+
+    async def send(self, message: Message) -> None:
+        if message["type"] != "http.response.body":
+            await self._send(message)
+            return
+        body = self.translator.feed(message.get("body", b""))
+        more = message.get("more_body", False)
+        if not more:
+            body += self.translator.finish()
+        elif not body:
+            return  # nothing to say yet (an event the shape has no counterpart for)
+        await self._send({"type": "http.response.body", "body": body, "more_body": more})
