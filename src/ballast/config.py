@@ -188,21 +188,25 @@ class AzureOptions(_Strict):
 
 
 class AwsSettings(_Strict):
-    """Where a Bedrock deployment signs (SigV4) and which credentials it uses: the standard
-    chain (environment, shared profile, container or instance role), refreshed ahead of
-    expiry; `profile` picks a shared-config profile."""
+    """A deployment of `provider: bedrock`: the region it signs for (SigV4) and the
+    credentials it signs with, from the standard chain (environment, shared profile,
+    container or instance role), refreshed ahead of expiry."""
 
-    region: str | None = Field(None, min_length=1, description="e.g. us-east-1")
-    profile: str | None = None
+    region: str | None = Field(
+        None, min_length=1, description="e.g. us-east-1 (required); the URL follows from it"
+    )
+    profile: str | None = Field(None, description="a shared-config profile; unset: the chain")
     service: str = Field("bedrock", description="the SigV4 signing name")
 
 
 class GoogleSettings(_Strict):
-    """A Vertex AI deployment's project and location, and its OAuth2 credentials: a
-    service-account key file, or the environment's application default credentials."""
+    """A deployment of `provider: vertex`: its project and location, and its OAuth2
+    credentials, a service-account key file or the application default credentials."""
 
-    project: str | None = Field(None, min_length=1)
-    location: str | None = Field(None, min_length=1, description="e.g. us-central1")
+    project: str | None = Field(None, min_length=1, description="the Google Cloud project")
+    location: str | None = Field(
+        None, min_length=1, description="e.g. us-central1 (required); the URL follows from it"
+    )
     credentials_file: str | None = Field(None, description="service-account JSON; unset: ADC")
 
 
