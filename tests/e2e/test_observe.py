@@ -380,10 +380,15 @@ def test_reload_adds_a_deployment_without_a_failed_request_and_refuses_a_broken_
     a = stack.sim(slow, name="a")
     b = stack.sim(slow, name="b")
     path = tmp_path / "ballast.yaml"
-    path.write_text(yaml.safe_dump(config(group("chat", deployment("a", a)))))
-    gateway = stack.gateway(config(group("chat", deployment("a", a))))
+    # Generous clocks: on a loaded machine a slow first token must not send a request to a.
+    patient = {"first_token": 5, "inter_chunk": 5, "answer": 10}
+    path.write_text(yaml.safe_dump(config(group("chat", deployment("a", a)), timeouts=patient)))
+    gateway = stack.gateway(config(group("chat", deployment("a", a)), timeouts=patient))
     gateway.app.config_path = str(path)
-    new = config(group("chat", deployment("b", b), deployment("a", a), strategy="ordered"))
+    new = config(
+        group("chat", deployment("b", b), deployment("a", a), strategy="ordered"),
+        timeouts=patient,
+    )
     with Load(gateway) as load:
         wait_for(lambda: load.count() >= 20)
         wait_for(lambda: gateway.app.generation.in_flight > 0)
