@@ -114,6 +114,9 @@ class Deployment(_Strict):
     weight: float = Field(1.0, ge=0)
     timeouts: TimeoutOverrides = TimeoutOverrides()
     pool_size: int | None = Field(None, ge=1)
+    max_response_bytes: int | None = Field(
+        None, ge=1024, description="this deployment's limit on a whole answer (upstream's)"
+    )
     supports_prefill: bool = False
     probe: Literal["auto", "models", "completion", "none"] = Field(
         "auto",
@@ -262,6 +265,20 @@ class UpstreamSettings(_Strict):
     pool_size: int = Field(256, ge=1, description="connections per deployment (a bulkhead)")
     keepalive_timeout: float = Field(60.0, gt=0)
     warm_connections: int = Field(1, ge=0, description="connections opened per deployment at start")
+    max_response_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="a whole (non-streamed) answer, decoded; past it: 502, the connection"
+        " dropped. A deployment's own setting replaces it (for embeddings too)",
+    )
+    max_embeddings_response_bytes: int = Field(
+        160 * 1024 * 1024,
+        ge=1024,
+        description="a whole embeddings answer (thousands of vectors as JSON floats)",
+    )
+    max_event_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="one server-sent event of a streamed answer"
+    )
     expose_headers: list[str] = Field(
         ["openai-processing-ms", "openai-version"],
         description="upstream answer headers a client may see (a trailing * matches a prefix);"

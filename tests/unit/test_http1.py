@@ -8,6 +8,7 @@ import gzip
 import shutil
 import ssl
 import subprocess
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -189,6 +190,28 @@ async def test_gzip_body_is_decoded(serve) -> None:  # type: ignore[no-untyped-d
     response.release()
     with pytest.raises(http1.BadResponse, match="unreadable br"):
         await p.request(brotli, head(), b"{}")
+    await p.close()
+
+
+async def test_gzip_bomb_inflates_in_bounded_steps_and_ends_at_its_limit(serve) -> None:  # type: ignore[no-untyped-def]
+    bomb = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    packed = b"".join([*(bomb.compress(zeros) for _ in range(64)), bomb.flush()])  # 64 MB
+    raw = b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n" % len(packed)
+    _, origin = await serve(answer(raw + packed))
+    p = pool(high_water=65536)
+    response = await p.request(origin, head(), b"{}")
+    await asyncio.sleep(0.2)  # all of it arrived, nobody reads: only high_water is inflated
+    assert response._buffered <= 65536
+    assert len(response._compressed) <= len(packed)
+    whole = await response.read()  # read in steps, it is all there
+    assert len(whole) == 64 << 20 and not whole.strip(b"\0")
+    del whole
+    response.release()
+    response = await p.request(origin, head(), b"{}")
+    with pytest.raises(http1.TooLarge, match="larger than 1048576 bytes"):
+        await response.read(max_size=1 << 20)
+    assert response._conn is None and not response._chunks and not response._compressed
     await p.close()
 
 

@@ -15,8 +15,8 @@ from ballast.resilience.deadline import Deadline, Watchdog
 from ballast.resilience.failures import Failure
 from ballast.resilience.retry import parse_retry_after
 from ballast.upstream.client import Route, Upstream, relay_headers
-from ballast.upstream.http1 import HttpError, Response
-from ballast.upstream.sse import DONE, SseSplitter, StreamState, event_data
+from ballast.upstream.http1 import HttpError, Response, TooLarge
+from ballast.upstream.sse import DONE, EventTooLarge, SseSplitter, StreamState, event_data
 
 MAX_ERROR_BODY = 64 * 1024
 
@@ -74,7 +74,9 @@ async def fetch(
             if response.status >= 300:
                 raise await _failure_from(response, upstream, clock)
             try:
-                data = await response.read()
+                data = await response.read(max_size=upstream.answer_limit(path))
+            except TooLarge:
+                raise _too_large(upstream, path) from None
             except HttpError:
                 raise Failure(
                     failures.RESET,
@@ -90,6 +92,16 @@ async def fetch(
             deployment=upstream.id,
         ) from None
     return _reply(response, data, upstream)
+
+
+def _too_large(upstream: Upstream, path: str) -> Failure:
+    """The failure of an answer past its limit (its connection is already dropped)."""
+    return Failure(
+        failures.BAD_RESPONSE,
+        f"the upstream's answer is larger than max_response_bytes"
+        f" ({upstream.answer_limit(path)} bytes)",
+        deployment=upstream.id,
+    )
 
 
 def _reply(response: Response, data: bytes, upstream: Upstream) -> Reply:
@@ -125,7 +137,7 @@ class UpstreamStream:
         self._watchdog = watchdog or Watchdog(clock)
         self.state = StreamState()
         self._clock = clock
-        self._splitter = SseSplitter()
+        self._splitter = SseSplitter(upstream.max_event_bytes)
         self._inter_chunk = upstream.timeouts.inter_chunk
         self._closed = False
         self._eof = False
@@ -181,7 +193,16 @@ class UpstreamStream:
                 ) from None
             if not chunk:
                 return self._finish(out)
-            events = self._splitter.feed(chunk)
+            try:
+                events = self._splitter.feed(chunk)
+            except EventTooLarge:
+                del chunk
+                raise Failure(
+                    failures.BAD_RESPONSE,
+                    "the upstream sent an event larger than max_event_bytes"
+                    f" ({self.upstream.max_event_bytes} bytes)",
+                    deployment=self.upstream.id,
+                ) from None
             for event in events:
                 if self._take(event):
                     out.append(event + b"\n\n")
@@ -354,7 +375,9 @@ async def collect(
         try:
             # The stream's one timer guards the whole answer's read instead.
             with watchdog.until(min(until, now + upstream.timeouts.answer)):
-                data = await response.read()
+                data = await response.read(max_size=upstream.answer_limit(path))
+        except TooLarge:
+            raise _too_large(upstream, path) from None
         except TimeoutError:
             raise Failure(
                 failures.REQUEST_TIMEOUT, "no complete answer in time", deployment=upstream.id
@@ -370,12 +393,18 @@ async def collect(
     stream = UpstreamStream(upstream, response, clock, watchdog)
     stream.until = until
     events: list[bytes] = []
+    size, limit = 0, upstream.answer_limit(path)
     try:
         state = stream.state
         while not (state.output or state.finished or stream.exhausted):
             events.extend(await stream.next_events(first))
         while not stream.exhausted:
-            events.extend(await stream.next_events())
+            more = await stream.next_events()
+            events.extend(more)
+            size += sum(map(len, more))
+            if size > limit:
+                events.clear()
+                raise _too_large(upstream, path)
     finally:
         stream.close()
     assembled = assemble(events)

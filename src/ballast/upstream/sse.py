@@ -11,23 +11,36 @@ import orjson
 DONE = b"data: [DONE]"
 
 
+class EventTooLarge(ValueError):
+    """An event grew past the splitter's `max_event` bytes without ending."""
+
+
 class SseSplitter:
-    """Cuts a byte stream into complete events (without their blank-line terminator)."""
+    """Cuts a byte stream into complete events (without their blank-line terminator). An
+    unfinished event past `max_event` bytes raises EventTooLarge, and is dropped."""
 
-    __slots__ = ("_buffer",)
+    __slots__ = ("_buffer", "max_event")
 
-    def __init__(self) -> None:
+    def __init__(self, max_event: int = 4 * 1024 * 1024) -> None:
         self._buffer = b""
+        self.max_event = max_event
 
     def feed(self, data: bytes) -> list[bytes]:
         buffer = self._buffer + data if self._buffer else data
         if b"\r" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if b"\n\n" not in buffer:
+            if len(buffer) > self.max_event:
+                self._buffer = b""
+                raise EventTooLarge(f"an event larger than {self.max_event} bytes")
             self._buffer = buffer
             return []
         parts = buffer.split(b"\n\n")
-        self._buffer = parts.pop()
+        rest = parts.pop()
+        if len(rest) > self.max_event:
+            self._buffer = b""
+            raise EventTooLarge(f"an event larger than {self.max_event} bytes")
+        self._buffer = rest
         return [p for p in parts if p]
 
     def rest(self) -> bytes:
