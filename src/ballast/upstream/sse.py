@@ -17,35 +17,68 @@ class EventTooLarge(ValueError):
 
 class SseSplitter:
     """Cuts a byte stream into complete events (without their blank-line terminator). An
-    unfinished event past `max_event` bytes raises EventTooLarge, and is dropped."""
+    unfinished event past `max_event` bytes raises EventTooLarge, and is dropped.
 
-    __slots__ = ("_buffer", "max_event")
+    Linear in the bytes fed: an unfinished event is kept as a list of its pieces, and only
+    each new piece is searched for the end of the event (with the one byte before it), so a
+    long event arriving in small reads is neither copied nor scanned once per read."""
+
+    __slots__ = ("_cr", "_parts", "_size", "max_event")
 
     def __init__(self, max_event: int = 4 * 1024 * 1024) -> None:
-        self._buffer = b""
+        self._parts: list[bytes] = []  # the unfinished event, in pieces
+        self._size = 0
+        self._cr = False  # the last piece ended in CR, held back: it may begin a CRLF
         self.max_event = max_event
 
     def feed(self, data: bytes) -> list[bytes]:
-        buffer = self._buffer + data if self._buffer else data
-        if b"\r" in buffer:
-            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        if b"\n\n" not in buffer:
-            if len(buffer) > self.max_event:
-                self._buffer = b""
-                raise EventTooLarge(f"an event larger than {self.max_event} bytes")
-            self._buffer = buffer
-            return []
-        parts = buffer.split(b"\n\n")
-        rest = parts.pop()
-        if len(rest) > self.max_event:
-            self._buffer = b""
+        if self._cr:
+            data = b"\r" + data
+            self._cr = False
+        if b"\r" in data:
+            if data.endswith(b"\r"):
+                data = data[:-1]
+                self._cr = True
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        events: list[bytes] = []
+        parts = self._parts
+        if parts:
+            if data.startswith(b"\n") and parts[-1].endswith(b"\n"):
+                first, data = b"".join(parts)[:-1], data[1:]
+            else:
+                end = data.find(b"\n\n")
+                if end < 0:
+                    self._keep(data)
+                    return events
+                first, data = b"".join(parts) + data[:end], data[end + 2 :]
+            parts.clear()
+            self._size = 0
+            if first:
+                events.append(first)
+        if b"\n\n" not in data:
+            self._keep(data)
+            return events
+        pieces = data.split(b"\n\n")
+        self._keep(pieces.pop())
+        events.extend(p for p in pieces if p)
+        return events
+
+    def _keep(self, piece: bytes) -> None:
+        if not piece:
+            return
+        self._size += len(piece)
+        if self._size > self.max_event:
+            self._parts.clear()
+            self._size = 0
             raise EventTooLarge(f"an event larger than {self.max_event} bytes")
-        self._buffer = rest
-        return [p for p in parts if p]
+        self._parts.append(piece)
 
     def rest(self) -> bytes:
         """What is left when the stream ends: an event that never got its terminator."""
-        rest, self._buffer = self._buffer.strip(), b""
+        rest = b"".join(self._parts).strip()
+        self._parts.clear()
+        self._size = 0
+        self._cr = False
         return rest
 
 
