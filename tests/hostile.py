@@ -2,9 +2,10 @@
 
 The upstream answers any POST by the first part of its path (a deployment's URL is
 `http://127.0.0.1:PORT/<mode>/v1`): `huge` sends a 200 MB JSON answer, `bomb` a gzip body
-that inflates to 256 MB, `endless_sse` an event stream whose first line never ends. Each
-writes until the gateway drops the connection (bounded: at most 200 MB a request). Every
-other request (the gateway's warm-up `GET /models`) gets a small JSON answer.
+that inflates to 256 MB, `endless_sse` an event stream whose first line never ends, `cut` a
+200 MB answer that breaks off after 48 MB, `junk` a whole 48 MB answer that is not JSON.
+Each writes until the gateway drops the connection or its answer ends (bounded: at most
+200 MB a request). Every other request (the warm-up `GET /models`) gets a small JSON answer.
 """
 
 from __future__ import annotations
@@ -47,6 +48,29 @@ async def _huge(writer: asyncio.StreamWriter) -> None:
         await writer.drain()
 
 
+CUT = 48 * MB
+
+
+async def _cut(writer: asyncio.StreamWriter) -> None:
+    """A 200 MB answer that breaks off after 48 MB (below a 64 MB limit)."""
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n{" % HUGE
+    )
+    for _ in range(CUT // MB):
+        writer.write(_PIECE)
+        await writer.drain()
+
+
+async def _junk(writer: asyncio.StreamWriter) -> None:
+    """A whole 48 MB answer that is not JSON."""
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % CUT
+    )
+    for _ in range(CUT // MB):
+        writer.write(b"x" * MB)
+        await writer.drain()
+
+
 async def _bomb(writer: asyncio.StreamWriter) -> None:
     body = gzip_bomb()
     writer.write(
@@ -73,6 +97,8 @@ MODES: dict[str, Callable[[asyncio.StreamWriter], Awaitable[None]]] = {
     "huge": _huge,
     "bomb": _bomb,
     "endless_sse": _endless_sse,
+    "cut": _cut,
+    "junk": _junk,
 }
 
 
@@ -107,7 +133,9 @@ class HostileUpstream:
                 if head.startswith(b"POST") and mode in MODES:
                     self.answered += 1
                     await MODES[mode](writer)
-                    return
+                    if mode != "junk":  # the one complete answer: the connection may go on
+                        return
+                    continue
                 writer.write(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                     b'content-length: 11\r\n\r\n{"data":[]}'

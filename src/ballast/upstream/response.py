@@ -131,17 +131,23 @@ class Response:
         TooLarge and drops the connection; nothing read of it is kept."""
         parts: list[bytes] = []
         size = 0
-        while limit < 0 or size < limit:
-            data = await self.readany()
-            if not data:
-                break
-            parts.append(data)
-            size += len(data)
-            if 0 <= max_size < size:
-                parts.clear()
-                del data
-                self.close()
-                raise TooLarge(f"the answer is larger than {max_size} bytes")
+        try:
+            while limit < 0 or size < limit:
+                data = await self.readany()
+                if not data:
+                    break
+                parts.append(data)
+                size += len(data)
+                if 0 <= max_size < size:
+                    self.close()
+                    raise TooLarge(f"the answer is larger than {max_size} bytes")
+        except BaseException:
+            # The error's traceback keeps this frame alive as long as the error lives (in
+            # a failure's context, a log record, a cycle the collector has yet to find):
+            # it must not keep the body read so far.
+            parts.clear()
+            data = b""
+            raise
         body = b"".join(parts)
         return body if limit < 0 else body[:limit]
 
