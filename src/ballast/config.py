@@ -252,6 +252,12 @@ class ServerSettings(_Strict):
     header_timeout: float = Field(10.0, gt=0, description="to receive a request's headers")
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="a request's header block")
     keepalive_timeout: float = Field(30.0, gt=0, description="an idle client connection")
+    client_write_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="a stream's write to a client that stopped reading; past it the stream"
+        " is cut and its upstream connection released (counted as client_gone)",
+    )
     shutdown_grace: float = Field(30.0, ge=0, description="SIGTERM: time to finish requests")
     gc_young_threshold: int = Field(
         10_000,
@@ -278,6 +284,12 @@ class UpstreamSettings(_Strict):
     )
     max_event_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="one server-sent event of a streamed answer"
+    )
+    max_kept_chars: int = Field(
+        1_000_000,
+        ge=0,
+        description="text of a stream kept for continuation (content, reasoning, tool"
+        " arguments); a longer stream is relayed whole but not continued",
     )
     expose_headers: list[str] = Field(
         ["openai-processing-ms", "openai-version"],

@@ -11,3 +11,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# A scope key: the client connection's abort, set by Ballast's server protocol
+# (server/protocol.py) for a stream cut short to drop its connection at once.
+ABORT = "ballast.abort"

@@ -11,10 +11,12 @@ headers are pending."""
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
+from ballast.types import ABORT
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -99,6 +101,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._headers_pending = False
+        # A stream cut short (pipeline/asgi.py WriteGuard) drops its connection with it.
+        cast(dict[str, object], self.scope)[ABORT] = self.transport.abort
         super().on_headers_complete()
 
     def data_received(self, data: bytes) -> None:

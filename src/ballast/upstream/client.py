@@ -106,6 +106,7 @@ class Upstream:
             settings.max_embeddings_response_bytes
         )
         self.max_event_bytes = settings.max_event_bytes
+        self.max_kept_chars = settings.max_kept_chars  # a stream's text kept to continue it
         headers = {
             "content-type": "application/json",
             "accept": "application/json",

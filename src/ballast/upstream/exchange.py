@@ -135,7 +135,7 @@ class UpstreamStream:
         self.upstream = upstream
         self.response = response
         self._watchdog = watchdog or Watchdog(clock)
-        self.state = StreamState()
+        self.state = StreamState(limit=upstream.max_kept_chars)
         self._clock = clock
         self._splitter = SseSplitter(upstream.max_event_bytes)
         self._inter_chunk = upstream.timeouts.inter_chunk

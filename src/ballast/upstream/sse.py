@@ -120,7 +120,11 @@ _OTHER_OUTPUT = ("refusal", "audio", "function_call")
 class StreamState:
     """What has been said so far in one streamed answer (for the first-token clock,
     continuation, usage and checks). `output` turns true with the first delta that carries
-    model output of any kind: text, a tool call, reasoning, a refusal, audio."""
+    model output of any kind: text, a tool call, reasoning, a refusal, audio.
+
+    The text is kept for continuation only, up to `limit` characters (content, reasoning and
+    tool arguments together): past it the stream forgets it and is `untracked` (relayed on,
+    never continued), so a long answer costs a stream bounded memory."""
 
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
@@ -133,6 +137,8 @@ class StreamState:
     malformed: int = 0
     data_events: int = 0
     role_sent: bool = False
+    limit: int = 1_000_000
+    kept: int = 0
 
     @property
     def content(self) -> str:
@@ -161,8 +167,12 @@ class StreamState:
                 else:
                     piece = choice.get("text")
                 if piece and isinstance(piece, str):
-                    self.text.append(piece)
                     self.output = True
+                    self.kept += len(piece)
+                    if self.kept <= self.limit:
+                        self.text.append(piece)
+                    else:
+                        self._forget()
                 if choice.get("finish_reason"):
                     self.finished = True
         usage = payload.get("usage")
@@ -180,12 +190,24 @@ class StreamState:
         for name in REASONING_FIELDS:
             piece = delta.get(name)
             if piece and isinstance(piece, str):
-                self.reasoning.append(piece)
                 self.output = True
+                self.kept += len(piece)
+                if self.kept <= self.limit:
+                    self.reasoning.append(piece)
+                else:
+                    self._forget()
         for name in _OTHER_OUTPUT:
             if delta.get(name):
                 self.output = True
                 self.untracked = True
+
+    def _forget(self) -> None:
+        """Past the limit: no continuation will be asked, so the text kept for one goes."""
+        self.untracked = True
+        self.text.clear()
+        self.reasoning.clear()
+        for entry in self.tools.values():
+            entry.arguments.clear()
 
     def _observe_call(self, call: Any) -> None:
         if not isinstance(call, dict):
@@ -209,7 +231,11 @@ class StreamState:
             arguments = function.get("arguments")
             if isinstance(arguments, str):
                 if arguments:
-                    entry.arguments.append(arguments)
+                    self.kept += len(arguments)
+                    if self.kept <= self.limit:
+                        entry.arguments.append(arguments)
+                    else:
+                        self._forget()
             elif arguments is not None:
                 self.untracked = True
 
