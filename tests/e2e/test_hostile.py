@@ -256,3 +256,29 @@ def test_failed_answers_free_what_they_read(
         assert upstream.answered == 5
         after = _settle(pid, port, rounds=5)
         assert after - baseline < 20 * MB, (baseline // MB, after // MB)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        b"x-big: " + b"a" * 100_000 + b"\r\n",  # one 100 KB header
+        b"".join(b"x-h%05d: v\r\n" % i for i in range(10_000)),  # 10,000 small ones
+    ],
+    ids=["one-huge", "many-small"],
+)
+def test_a_header_block_past_max_header_bytes_is_431_even_when_it_arrives_whole(
+    stack: Stack, headers: bytes
+) -> None:
+    sim = stack.sim("ok")
+    gw = stack.gateway(config(ordered("chat", deployment("a", sim, "m"))))  # 64 KiB
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n" + headers
+    answer = _raw_request(gw.port, head + b"content-type: application/json\r\n", b"{}")
+    assert answer.split(b" ", 2)[1] == b"431", answer[:200]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "headers_too_large"
+    assert stack.attempts(sim) == []
+    # A large block under the limit is served.
+    fine = b"".join(b"x-h%05d: v\r\n" % i for i in range(4_000))  # about 52 KB
+    body = json.dumps({"model": "chat", "messages": MESSAGES}).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n" + fine
+    answer = _raw_request(gw.port, head + b"content-type: application/json\r\n", body)
+    assert answer.split(b" ", 2)[1] == b"200", answer[:200]

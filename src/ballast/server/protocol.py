@@ -37,6 +37,10 @@ def _raw_error(status: int, message: str, code: str) -> bytes:
     )
 
 
+class _HeadersTooLarge(Exception):
+    """Raised in a parser callback to stop reading a request whose head is too large."""
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """Set the limits on the class (`configure`) before serving; each worker does so when
     it builds its app."""
@@ -46,7 +50,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     clock: Clock = SYSTEM_CLOCK
 
     _header_timer: Timer | None = None
-    _header_bytes: int = 0
+    _header_bytes: int = 0  # read while the headers are pending (an endless header block)
+    _head_size: int = 0  # the request line's target and header lines the parser gave us
+    _oversized: bool = False
     _headers_since: float = 0.0
     _headers_pending: bool = False
 
@@ -75,6 +81,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         not once per request."""
         self._headers_pending = True
         self._header_bytes = 0
+        self._head_size = 0
         self._headers_since = self.clock.monotonic()
         if self._header_timer is None:
             self._header_timer = self.clock.call_later(self.header_timeout, self._check_headers)
@@ -94,6 +101,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(_raw_error(status, message, code))
             self.transport.close()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # A header block that came whole in one read ended before `data_received` could
+        # count it, so the parser's own pieces are counted as well.
+        self._count_head(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _count_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > self.max_header_bytes:
+            self._oversized = True
+            raise _HeadersTooLarge  # ends the parse: uvicorn answers via send_400_response
+
+    def send_400_response(self, msg: str) -> None:
+        if self._oversized:
+            self._reject(431, "The request headers are larger than allowed.", "headers_too_large")
+            return
+        super().send_400_response(msg)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
