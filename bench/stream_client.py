@@ -94,9 +94,10 @@ async def run(
     duration: float,
     max_streams: int = 1_000_000,
     key: str = "sk-bench",
+    extra: dict[str, str] | None = None,
 ) -> StreamResult:
     """Keep ``concurrency`` streams in flight for ``duration`` s (or ``max_streams``)."""
-    headers = headers_for(key)
+    headers = {**headers_for(key), **(extra or {})}
     ttfc: list[float] = []
     total: list[float] = []
     errors: list[str] = []
@@ -131,7 +132,9 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--max-streams", type=int, default=1_000_000)
     parser.add_argument("--key", default="sk-bench", help="API key sent as the bearer token")
+    parser.add_argument("--header", action="append", default=[], help="'name: value', again")
     args = parser.parse_args()
+    extra = dict(h.split(": ", 1) for h in args.header)
     factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     try:
         import uvloop
@@ -141,7 +144,7 @@ def main() -> None:
         pass
     with asyncio.Runner(loop_factory=factory) as runner:
         result = runner.run(
-            run(args.url, args.concurrency, args.duration, args.max_streams, args.key)
+            run(args.url, args.concurrency, args.duration, args.max_streams, args.key, extra)
         )
     print(json.dumps({**asdict(result), "streams_per_s": result.streams_per_s}))
 
