@@ -141,13 +141,12 @@ async def _one(host: str, port: int, head: bytes, result: Round, delay: float) -
     await asyncio.sleep(delay)
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
+    client = StreamClient(head, result, done)
     try:
-        await loop.create_connection(lambda: StreamClient(head, result, done), host, port)
-        await asyncio.wait_for(done, TOKENS * SPACING + 60)
+        await loop.create_connection(lambda: client, host, port)
+        await asyncio.wait_for(asyncio.shield(done), TOKENS * SPACING + 60)
     except (OSError, TimeoutError) as exc:
-        if not done.done():
-            result.errors += 1
-            result.first_error = result.first_error or repr(exc)
+        client._fail(f"no end within {TOKENS * SPACING + 60:.0f} s" if not exc.args else repr(exc))
 
 
 def _head(url: str, target: tg.Target) -> tuple[str, int, bytes]:

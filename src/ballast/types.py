@@ -12,6 +12,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# A scope key: the client connection's abort, set by Ballast's server protocol
-# (server/protocol.py) for a stream cut short to drop its connection at once.
-ABORT = "ballast.abort"
+# A scope key set by Ballast's server protocol (server/protocol.py) when it aborted a client
+# connection whose writes stayed paused for `client_write_timeout` (the client stopped
+# reading): the disconnect the app sees then is counted as such.
+WRITE_TIMED_OUT = "ballast.write_timed_out"

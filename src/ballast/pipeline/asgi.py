@@ -4,13 +4,12 @@ notice a client that went away."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 from ballast.pipeline.errors import ApiError
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
-from ballast.types import ABORT, Handler, Message, Receive, Scope, Send
+from ballast.types import WRITE_TIMED_OUT, Handler, Message, Receive, Scope, Send
 
-__all__ = ["ABORT", "Handler", "Message", "Receive", "Scope", "Send"]
+__all__ = ["WRITE_TIMED_OUT", "Handler", "Message", "Receive", "Scope", "Send"]
 
 
 JSON = (b"content-type", b"application/json")
@@ -175,85 +174,3 @@ class DisconnectWatch:
             self._timer = None
         if self._watcher is not None:
             self._watcher.cancel()
-
-
-class WriteGuard:
-    """Bounds how long one write to the client may wait. The server's `send` waits while the
-    client's socket is full (uvicorn awaits the transport's drain), so a client that stops
-    reading pauses its stream: the upstream's bytes stay in bounded buffers and its socket
-    is no longer read. A write still waiting after `timeout` seconds ends the request: the
-    client's connection is aborted (with `abort`, when the server gave one) and the handler's
-    task cancelled, which drops the upstream connection; `fired` tells the handler why.
-
-    Armed only for streams (`arm`); until then `send` is the server's own. Per write it
-    costs a clock read and two attributes: one timer per stream, re-armed about once per
-    `timeout` (the way server/protocol.py times headers)."""
-
-    __slots__ = (
-        "_abort",
-        "_clock",
-        "_pending",
-        "_send",
-        "_since",
-        "_task",
-        "_timer",
-        "armed",
-        "fired",
-        "timeout",
-    )
-
-    def __init__(
-        self,
-        send: Send,
-        timeout: float,
-        clock: Clock = SYSTEM_CLOCK,
-        abort: Callable[[], None] | None = None,
-    ) -> None:
-        self._send = send
-        self.timeout = timeout
-        self._clock = clock
-        self._abort = abort
-        self._task = asyncio.current_task()
-        self._timer: Timer | None = None
-        self._pending = False
-        self._since = 0.0
-        self.armed = False
-        self.fired = False
-
-    def arm(self) -> None:
-        self.armed = True
-
-    def send(self, message: Message) -> Awaitable[None]:
-        if not self.armed:
-            return self._send(message)
-        return self._guarded(message)
-
-    async def _guarded(self, message: Message) -> None:
-        self._since = self._clock.monotonic()
-        self._pending = True
-        if self._timer is None:
-            self._timer = self._clock.call_later(self.timeout, self._check)
-        try:
-            await self._send(message)
-        finally:
-            self._pending = False
-
-    def _check(self) -> None:
-        self._timer = None
-        if not self._pending or self.fired:
-            return  # no write waiting: the next write arms it again
-        left = self._since + self.timeout - self._clock.monotonic()
-        if left > 0:  # this write began after the timer was armed: wait out its own time
-            self._timer = self._clock.call_later(left, self._check)
-            return
-        self.fired = True
-        if self._abort is not None:
-            self._abort()  # nothing more is worth writing to this client
-        if self._task is not None:
-            self._task.cancel()
-
-    def stop(self) -> None:
-        self.armed = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None

@@ -23,13 +23,12 @@ from typing import TYPE_CHECKING, Any
 from ballast.cache.replay import is_complete
 from ballast.config import ModelGroup, Settings
 from ballast.pipeline.asgi import (
-    ABORT,
     EVENT_STREAM,
     JSON,
     NO_CACHE,
+    WRITE_TIMED_OUT,
     ClientGone,
     DisconnectWatch,
-    WriteGuard,
     header,
     read_body,
     require_json,
@@ -90,7 +89,6 @@ class Pipeline:
         self.clock = clock  # the body's and the disconnect watch's timers
         self.max_body_bytes = settings.server.max_body_bytes
         self.body_timeout = settings.server.body_timeout
-        self.client_write_timeout = settings.server.client_write_timeout
         self.continuation = settings.routing.continuation
         self.keepalive = settings.routing.stream_keepalive
         self.headers_at_once = settings.routing.stream_headers_at_once
@@ -102,8 +100,7 @@ class Pipeline:
         self, scope: Scope, receive: Receive, send: Send, path: str, parse: Parse
     ) -> None:
         rid = request_id(scope)
-        guard = WriteGuard(send, self.client_write_timeout, self.clock, scope.get(ABORT))
-        responder = Responder(guard.send, [(b"x-request-id", rid)])
+        responder = Responder(send, [(b"x-request-id", rid)])
         watch: DisconnectWatch | None = None
         ctx: RequestContext | None = None
         try:
@@ -124,7 +121,6 @@ class Pipeline:
                 if await self._cached(scope, ctx, group, cache_field, responder, watch):
                     return
             if ctx.stream:  # 5, 6
-                guard.arm()
                 await self._stream(ctx, group, responder, watch)
             else:
                 await self._complete(ctx, group, responder, watch)
@@ -139,16 +135,13 @@ class Pipeline:
         except ClientGone:
             return
         except asyncio.CancelledError:
-            if (watch is None or not watch.fired) and not guard.fired:
+            if watch is None or not watch.fired:
                 raise
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            self._client_gone(ctx, rid, guard.fired)
-            if guard.fired:
-                await asyncio.sleep(0)  # the server notes the aborted connection first
+            self._client_gone(ctx, rid, bool(scope.get(WRITE_TIMED_OUT)))
         finally:
-            guard.stop()
             if ctx is not None:
                 if not ctx.settled:
                     self._settle(ctx, "", None, None)  # 7: frees the slot if nothing did yet
@@ -156,8 +149,8 @@ class Pipeline:
                     ctx.lookup.done()  # identical requests waiting on this one go on
 
     def _client_gone(self, ctx: RequestContext | None, rid: bytes, stopped_reading: bool) -> None:
-        """The client went away, or stopped reading for `client_write_timeout`: its upstream
-        request was dropped."""
+        """The client went away, or stopped reading for `client_write_timeout` (the server
+        then aborted its connection): its upstream request was dropped."""
         reason = "write_timeout" if stopped_reading else "disconnect"
         attempts = ctx.attempts if ctx is not None else None
         deployment = attempts.deployment if attempts is not None else None

@@ -16,7 +16,7 @@ from typing import cast
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
-from ballast.types import ABORT
+from ballast.types import WRITE_TIMED_OUT
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -47,7 +47,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     header_timeout: float = 10.0
     max_header_bytes: int = 64 * 1024
+    client_write_timeout: float = 30.0
     clock: Clock = SYSTEM_CLOCK
+
+    _write_timer: Timer | None = None
 
     _header_timer: Timer | None = None
     _header_bytes: int = 0  # read while the headers are pending (an endless header block)
@@ -58,10 +61,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     @classmethod
     def configure(
-        cls, header_timeout: float, max_header_bytes: int, clock: Clock = SYSTEM_CLOCK
+        cls,
+        header_timeout: float,
+        max_header_bytes: int,
+        clock: Clock = SYSTEM_CLOCK,
+        client_write_timeout: float = 30.0,
     ) -> None:
         cls.header_timeout = header_timeout
         cls.max_header_bytes = max_header_bytes
+        cls.client_write_timeout = client_write_timeout
         cls.clock = clock
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -73,7 +81,36 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
         super().connection_lost(exc)
+
+    # A client that stops reading: uvicorn's `send` waits while the transport is paused
+    # (its buffer full), which pauses the stream and, with it, the upstream's reads. Paused
+    # for `client_write_timeout`, the connection is aborted: the app sees a disconnect (the
+    # scope says why) and drops its upstream request. No cost per write: only a pause and
+    # its resume arm and cancel the timer.
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.clock.call_later(
+                self.client_write_timeout, self._write_timed_out
+            )
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        cycle = self.cycle
+        if cycle is not None:
+            cast(dict[str, object], cycle.scope)[WRITE_TIMED_OUT] = True
+        self.transport.abort()
 
     def _begin_headers(self) -> None:
         """A request's headers start arriving. The connection's one timer is armed only when
@@ -130,8 +167,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._headers_pending = False
-        # A stream cut short (pipeline/asgi.py WriteGuard) drops its connection with it.
-        cast(dict[str, object], self.scope)[ABORT] = self.transport.abort
         super().on_headers_complete()
 
     def data_received(self, data: bytes) -> None:
