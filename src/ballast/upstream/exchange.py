@@ -19,6 +19,10 @@ from ballast.upstream.http1 import HttpError, Response, TooLarge
 from ballast.upstream.sse import DONE, EventTooLarge, SseSplitter, StreamState, event_data
 
 MAX_ERROR_BODY = 64 * 1024
+# Buffered bytes of an event stream at which its socket stops being read. A stream's reader
+# relays what it takes at once, so this (with one socket read) is what a stream whose client
+# stopped reading holds on this side; a whole answer keeps the pool's larger mark.
+STREAM_HIGH_WATER = 32 * 1024
 
 
 @dataclass(slots=True)
@@ -134,6 +138,7 @@ class UpstreamStream:
     ) -> None:
         self.upstream = upstream
         self.response = response
+        response.high_water = min(response.high_water, STREAM_HIGH_WATER)
         self._watchdog = watchdog or Watchdog(clock)
         self.state = StreamState(limit=upstream.max_kept_chars)
         self._clock = clock

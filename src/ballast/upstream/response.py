@@ -66,6 +66,7 @@ class Response:
         "_waiter",
         "complete",
         "headers_done",
+        "high_water",
         "keep_alive",
         "raw_headers",
         "status",
@@ -88,6 +89,9 @@ class Response:
         self._waiter: asyncio.Future[None] | None = None
         self._decoder: zlib._Decompress | None = None
         self._compressed = b""  # encoded input not inflated yet (the reader is behind)
+        # Buffered body bytes at which the socket stops being read; the pool's unless the
+        # reader sets less (an event stream: its reader relays what it takes at once).
+        self.high_water = conn.pool.high_water
         self._drain: Timer | None = None  # released, the rest being discarded
 
     @property
@@ -190,7 +194,7 @@ class Response:
         self._chunks.append(data)
         self._buffered += len(data)
         conn = self._conn
-        if conn is not None and self._buffered > conn.pool.high_water and not self._paused:
+        if conn is not None and self._buffered > self.high_water and not self._paused:
             self._pause()
         self._wake()
 
@@ -206,8 +210,7 @@ class Response:
         decoder = self._decoder
         assert decoder is not None
         pending = self._compressed + data if self._compressed else data
-        conn = self._conn
-        room = (conn.pool.high_water if conn is not None else 65536) - self._buffered
+        room = self.high_water - self._buffered
         if room <= 0:
             self._compressed = pending
             if not self._paused:
