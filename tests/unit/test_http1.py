@@ -387,6 +387,17 @@ async def test_endless_header_block_is_cut_off(serve) -> None:  # type: ignore[n
     await p.close()
 
 
+async def test_a_header_block_too_large_is_refused_even_when_it_arrives_whole(serve) -> None:  # type: ignore[no-untyped-def]
+    block = b"".join(b"x-filler-%d: %s\r\n" % (i, b"a" * 100) for i in range(400))  # 44 KB
+    raw = b"HTTP/1.1 200 OK\r\n" + block + b"content-length: 2\r\n\r\n{}"
+    _, origin = await serve(answer(raw))
+    p = Pool(limit=1, keepalive=60.0, connect_timeout=2.0, pool_timeout=2.0, max_head=16 * 1024)
+    with pytest.raises(http1.BadResponse, match="too large"):
+        await p.request(origin, head(), b"{}")
+    assert p.size == 0
+    await p.close()
+
+
 def test_header_injection_is_refused() -> None:
     with pytest.raises(ValueError):
         http1.header_lines({"x-a": "1\r\nx-b: 2"})
