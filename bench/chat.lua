@@ -4,6 +4,11 @@ wrk.body = '{"model": "bench-model", "messages": [{"role": "user", "content": "h
 wrk.headers["Content-Type"] = "application/json"
 -- The key comes from BENCH_KEY: a virtual key for the keys+limits+spend variants.
 wrk.headers["Authorization"] = "Bearer " .. (os.getenv("BENCH_KEY") or "sk-bench")
+-- Headers a target needs on every request (Portkey's name the upstream): "name: value|...".
+for pair in string.gmatch(os.getenv("BENCH_HEADERS") or "", "[^|]+") do
+   local name, value = string.match(pair, "^([^:]+):%s*(.*)$")
+   if name then wrk.headers[name] = value end
+end
 
 function done(summary, latency, requests)
    local e = summary.errors

@@ -58,10 +58,15 @@ def parse(stdout: str) -> WrkResult:
 
 
 def run_wrk(
-    url: str, connections: int, seconds: float, key: str = "sk-bench", shape: str = "openai"
+    url: str,
+    connections: int,
+    seconds: float,
+    key: str = "sk-bench",
+    shape: str = "openai",
+    headers: dict[str, str] | None = None,
 ) -> WrkResult:
     """One bounded wrk run at ``connections`` keep-alive connections, sending ``key`` in a
-    request of API ``shape``."""
+    request of API ``shape`` (and ``headers`` on every request)."""
     # One thread: it drives over 200,000 requests/s against nginx here, far beyond any
     # gateway, and on two cores a second one only took CPU from what it measures (about
     # 3 us more a request, and 4 % fewer requests/s for two workers).
@@ -77,7 +82,8 @@ def run_wrk(
         str(SCRIPTS[shape]),
         url,
     ]
-    env = {**os.environ, "BENCH_KEY": key}
+    shown = "|".join(f"{name}: {value}" for name, value in (headers or {}).items())
+    env = {**os.environ, "BENCH_KEY": key, "BENCH_HEADERS": shown}
     done = subprocess.run(
         cmd, capture_output=True, text=True, timeout=seconds + 30, check=False, env=env
     )

@@ -1,4 +1,5 @@
-"""Ballast benchmark: direct nginx vs the bare pass-through vs Ballast vs LiteLLM, one run.
+"""Ballast benchmark: direct nginx vs the bare pass-through vs Ballast vs Portkey vs LiteLLM,
+one run.
 
     .venv/bin/python bench/run.py --quick                  # ~2 minutes
     .venv/bin/python bench/run.py --out bench/results.md   # full run, ~10 minutes
@@ -72,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="short run (~2 minutes)")
     parser.add_argument(
         "--targets",
-        default="direct,bare,ballast,ballast+keys,ballast+keys+redis,litellm",
+        default="direct,bare,ballast,ballast+keys,ballast+keys+redis,portkey,litellm",
         help=f"comma-separated, from {','.join(tg.ALL_TARGETS)}",
     )
     parser.add_argument("--out", type=Path, help="also write the markdown report here")
@@ -139,6 +140,8 @@ def start_targets(
         elif name == "ballast+extra":
             extra: dict[str, Any] = yaml.safe_load(args.ballast_config_extra.read_text()) or {}
             target = tg.ballast(procs, workdir, upstream, name=name, extra=extra)
+        elif name == "portkey":
+            target = tg.portkey(procs, workdir, upstream)
         else:
             target = tg.litellm(procs, workdir, upstream)
         _log(f"{name}: " + (target.url or f"UNAVAILABLE ({target.unavailable})"))
@@ -158,12 +161,19 @@ def _with_redis(procs: ProcessGroup, workdir: Path, upstream: tg.Upstream, name:
 
 
 def run_streams(
-    url: str, concurrency: int, seconds: float, key: str = "sk-bench", shape: str = "openai"
+    url: str,
+    concurrency: int,
+    seconds: float,
+    key: str = "sk-bench",
+    shape: str = "openai",
+    headers: dict[str, str] | None = None,
 ) -> StreamResult:
     """The streaming client in its own interpreter, so it never shares our event loop."""
     cmd = [sys.executable, str(Path(__file__).with_name("stream_client.py")), url]
     cmd += ["--concurrency", str(concurrency), "--duration", str(seconds), "--key", key]
     cmd += ["--shape", shape]
+    for name, value in (headers or {}).items():
+        cmd += ["--header", f"{name}: {value}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 90, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"stream client failed: {done.stderr.strip()[-500:]}")
@@ -201,7 +211,7 @@ def _note_rss(t: tg.Target, res: Results) -> None:
 def _wrk_cell(t: tg.Target, conns: int, plan: Plan, res: Results, tag: str) -> None:
     before = cpu_seconds(t.pid)
     try:
-        result = run_wrk(t.url, conns, plan.wrk_seconds, t.key, t.shape)
+        result = run_wrk(t.url, conns, plan.wrk_seconds, t.key, t.shape, t.headers)
     except _RUN_ERRORS as exc:
         res.failed[t.name] = f"wrk at {conns} connections: {exc}".splitlines()[0]
         return
@@ -217,7 +227,9 @@ def _wrk_cell(t: tg.Target, conns: int, plan: Plan, res: Results, tag: str) -> N
 
 def _stream_cell(t: tg.Target, conc: int, plan: Plan, res: Results, tag: str) -> None:
     try:
-        stream = run_streams(t.stream_url, conc, plan.stream_seconds, t.key, t.shape)
+        stream = run_streams(
+            t.stream_url, conc, plan.stream_seconds, t.key, t.shape, t.stream_headers
+        )
     except _RUN_ERRORS as exc:
         res.failed[t.name] = f"streaming at {conc} concurrent: {exc}".splitlines()[0]
         return
@@ -234,8 +246,8 @@ def measure(live: list[tg.Target], res: Results, plan: Plan) -> None:
     started = time.monotonic()
     for t in live:  # warm pools and caches; not recorded
         try:
-            run_wrk(t.url, 8, 1, t.key, t.shape)
-            run_streams(t.stream_url, 8, 0.5, t.key, t.shape)
+            run_wrk(t.url, 8, 1, t.key, t.shape, t.headers)
+            run_streams(t.stream_url, 8, 0.5, t.key, t.shape, t.stream_headers)
         except _RUN_ERRORS as exc:
             res.failed[t.name] = f"warm-up: {exc}".splitlines()[0]
         wait_idle(t.pid)
@@ -274,7 +286,9 @@ def measure_pairs(live: list[tg.Target], res: Results, plan: Plan) -> None:
             for name, conns in order if rnd % 2 == 0 else order[::-1]:
                 t = by_name[name]
                 try:
-                    rps[name] = run_wrk(t.url, conns, plan.pair_seconds, t.key, t.shape).rps
+                    rps[name] = run_wrk(
+                        t.url, conns, plan.pair_seconds, t.key, t.shape, t.headers
+                    ).rps
                 except _RUN_ERRORS as exc:
                     res.failed[name] = f"paired wrk at {conns} connections: {exc}".splitlines()[0]
                     break
@@ -336,6 +350,11 @@ def header(plan: Plan, res: Results, quick: bool) -> list[str]:
         lines.append(
             f"- LiteLLM proxy {shown}{extra}: 1 worker, no database, priced models, "
             "master key auth (it will not start without one)"
+        )
+    if "portkey" in res.targets:
+        lines.append(
+            f"- Portkey's gateway {tg.PORTKEY_VERSION} on Node (hono 4.9.7 and @hono/node-server"
+            " 1.13.5, as its lockfile pins them), 1 process, bound to loopback"
         )
     if res.load_before:
         lines.append(

@@ -115,10 +115,11 @@ async def run(
     max_streams: int = 1_000_000,
     key: str = "sk-bench",
     shape: str = "openai",
+    extra: dict[str, str] | None = None,
 ) -> StreamResult:
     """Keep ``concurrency`` streams of API ``shape`` in flight for ``duration`` s (or
-    ``max_streams``)."""
-    headers = headers_for(key, shape)
+    ``max_streams``), with the ``extra`` headers."""
+    headers = {**headers_for(key, shape), **(extra or {})}
     ttfc: list[float] = []
     total: list[float] = []
     errors: list[str] = []
@@ -154,7 +155,9 @@ def main() -> None:
     parser.add_argument("--max-streams", type=int, default=1_000_000)
     parser.add_argument("--key", default="sk-bench", help="API key sent as the bearer token")
     parser.add_argument("--shape", default="openai", choices=sorted(SHAPES))
+    parser.add_argument("--header", action="append", default=[], help="'name: value', again")
     args = parser.parse_args()
+    extra = dict(h.split(": ", 1) for h in args.header)
     factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     try:
         import uvloop
@@ -164,7 +167,15 @@ def main() -> None:
         pass
     with asyncio.Runner(loop_factory=factory) as runner:
         result = runner.run(
-            run(args.url, args.concurrency, args.duration, args.max_streams, args.key, args.shape)
+            run(
+                args.url,
+                args.concurrency,
+                args.duration,
+                args.max_streams,
+                args.key,
+                args.shape,
+                extra,
+            )
         )
     print(json.dumps({**asdict(result), "streams_per_s": result.streams_per_s}))
 

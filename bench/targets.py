@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ ALL_TARGETS = (
     "ballast-anthropic",
     "ballast-granian",
     "litellm",
+    "portkey",
 )
 # The keys+limits+spend variants: a virtual key whose limits are far above what the bench
 # can send, so every check runs (key lookup, budget, RPM/TPM/parallel, spend) and none refuses.
@@ -57,6 +58,9 @@ class Target:
     note: str = ""
     key: str = "sk-bench"  # sent as the bearer token
     shape: str = "openai"  # the inbound API its requests speak (load.SCRIPTS)
+    # Headers a target needs on every request (Portkey's name the upstream), and on streams.
+    headers: dict[str, str] = field(default_factory=dict)
+    stream_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -494,3 +498,74 @@ def litellm(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
     return _serve(
         procs, "litellm", cmd, log, env, port, note, health="/health/liveliness", ready_within=180
     )
+
+
+# --- Portkey's gateway ----------------------------------------------------------------
+
+PORTKEY_VERSION = "1.15.2"
+# What Portkey's own lockfile (v1.15.2) resolves: a plain install takes newer releases of
+# both, whose node server answers every stream with a 500.
+PORTKEY_PINS = {"hono": "4.9.7", "@hono/node-server": "1.13.5"}
+PORTKEY_DIR = BENCH / ".portkey"  # git-ignored; made by the bench, never committed
+PORTKEY_MAIN = PORTKEY_DIR / "node_modules" / "@portkey-ai" / "gateway" / "build"
+
+
+def ensure_portkey(log: Path) -> str:
+    """Install Portkey's gateway (pinned, with its lockfile's hono) into bench/.portkey."""
+    installed = PORTKEY_DIR / "node_modules" / "@portkey-ai" / "gateway" / "package.json"
+    if installed.exists() and json.loads(installed.read_text())["version"] == PORTKEY_VERSION:
+        return PORTKEY_VERSION
+    if not shutil.which("npm") or not shutil.which("node"):
+        raise RuntimeError("node and npm are needed (apt-get install -y nodejs npm)")
+    PORTKEY_DIR.mkdir(exist_ok=True)
+    package = {
+        "name": "portkey-bench",
+        "private": True,
+        "dependencies": {"@portkey-ai/gateway": PORTKEY_VERSION, **PORTKEY_PINS},
+        "overrides": PORTKEY_PINS,
+    }
+    (PORTKEY_DIR / "package.json").write_text(json.dumps(package, indent=1))
+    print(f"installing @portkey-ai/gateway@{PORTKEY_VERSION} into bench/.portkey")
+    cmd = ["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts"]
+    with log.open("ab") as out:
+        done = subprocess.run(
+            cmd, cwd=PORTKEY_DIR, stdout=out, stderr=subprocess.STDOUT, timeout=900
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"npm install failed:\n{log_tail(log, 5)}")
+    return PORTKEY_VERSION
+
+
+def portkey(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
+    """Portkey's gateway on Node, bound to loopback (bench/portkey_loopback.cjs: it has no
+    host option and listens on every interface otherwise); requests name the upstream in
+    Portkey's own headers."""
+    try:
+        version = ensure_portkey(workdir / "portkey-install.log")
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        return Target("portkey", unavailable=f"install failed: {_first_line(exc)}")
+    port = free_port()
+    log = workdir / "portkey.log"
+    cmd = ["node", "--require", str(BENCH / "portkey_loopback.cjs")]
+    cmd += [str(PORTKEY_MAIN / "start-server.js"), f"--port={port}", "--headless"]
+    env = {"NODE_ENV": "production"}
+    node = subprocess.run(["node", "--version"], capture_output=True, text=True, check=False)
+    note = f"Portkey gateway {version} (hono 4.9.7), Node {node.stdout.strip()}, 1 process"
+    proc = procs.start(cmd, log, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base + "/", proc, 60, log)
+    except RuntimeError as exc:
+        procs.stop(proc)
+        return Target("portkey", unavailable=f"did not start: {_first_line(exc)}")
+    url = base + nginx.NON_STREAM_PATH
+    target = Target("portkey", url=url, stream_url=url, pid=proc.pid, note=note)
+    target.headers = {
+        "x-portkey-provider": "openai",
+        "x-portkey-custom-host": upstream.base + "/v1",
+    }
+    target.stream_headers = {
+        **target.headers,
+        "x-portkey-custom-host": upstream.base + nginx.STREAM_PREFIX + "/v1",
+    }
+    return target

@@ -88,6 +88,7 @@ class Stack:
             {
                 "header_timeout": settings.server.header_timeout,
                 "max_header_bytes": settings.server.max_header_bytes,
+                "client_write_timeout": settings.server.client_write_timeout,
             },
         )
         config = uvicorn.Config(

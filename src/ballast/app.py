@@ -244,7 +244,10 @@ def app_from_env() -> BallastApp:
     settings = load_settings(os.environ["BALLAST_CONFIG"])
     app = BallastApp(settings)
     GuardedHttpToolsProtocol.configure(
-        settings.server.header_timeout, settings.server.max_header_bytes, app.clock
+        settings.server.header_timeout,
+        settings.server.max_header_bytes,
+        app.clock,
+        settings.server.client_write_timeout,
     )
     app.config_path = os.environ["BALLAST_CONFIG"]
     return app

@@ -222,6 +222,9 @@ class Deployment(_Strict):
     weight: float = Field(1.0, ge=0)
     timeouts: TimeoutOverrides = TimeoutOverrides()
     pool_size: int | None = Field(None, ge=1)
+    max_response_bytes: int | None = Field(
+        None, ge=1024, description="this deployment's limit on a whole answer (upstream's)"
+    )
     supports_prefill: bool = False
     answers_as_streams: bool | None = Field(
         None,
@@ -479,6 +482,12 @@ class ServerSettings(_Strict):
     header_timeout: float = Field(10.0, gt=0, description="to receive a request's headers")
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="a request's header block")
     keepalive_timeout: float = Field(30.0, gt=0, description="an idle client connection")
+    client_write_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="a stream's write to a client that stopped reading; past it the stream"
+        " is cut and its upstream connection released (counted as client_gone)",
+    )
     shutdown_grace: float = Field(30.0, ge=0, description="SIGTERM: time to finish requests")
     gc_young_threshold: int = Field(
         10_000,
@@ -492,6 +501,26 @@ class UpstreamSettings(_Strict):
     pool_size: int = Field(256, ge=1, description="connections per deployment (a bulkhead)")
     keepalive_timeout: float = Field(60.0, gt=0)
     warm_connections: int = Field(1, ge=0, description="connections opened per deployment at start")
+    max_response_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="a whole (non-streamed) answer, decoded; past it: 502, the connection"
+        " dropped. A deployment's own setting replaces it (for embeddings too)",
+    )
+    max_embeddings_response_bytes: int = Field(
+        160 * 1024 * 1024,
+        ge=1024,
+        description="a whole embeddings answer (thousands of vectors as JSON floats)",
+    )
+    max_event_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="one server-sent event of a streamed answer"
+    )
+    max_kept_chars: int = Field(
+        1_000_000,
+        ge=0,
+        description="text of a stream kept for continuation (content, reasoning, tool"
+        " arguments); a longer stream is relayed whole but not continued",
+    )
     expose_headers: list[str] = Field(
         ["openai-processing-ms", "openai-version"],
         description="upstream answer headers a client may see (a trailing * matches a prefix);"

@@ -8,6 +8,7 @@ import gzip
 import shutil
 import ssl
 import subprocess
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -192,6 +193,28 @@ async def test_gzip_body_is_decoded(serve) -> None:  # type: ignore[no-untyped-d
     await p.close()
 
 
+async def test_gzip_bomb_inflates_in_bounded_steps_and_ends_at_its_limit(serve) -> None:  # type: ignore[no-untyped-def]
+    bomb = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    packed = b"".join([*(bomb.compress(zeros) for _ in range(64)), bomb.flush()])  # 64 MB
+    raw = b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n" % len(packed)
+    _, origin = await serve(answer(raw + packed))
+    p = pool(high_water=65536)
+    response = await p.request(origin, head(), b"{}")
+    await asyncio.sleep(0.2)  # all of it arrived, nobody reads: only high_water is inflated
+    assert response._buffered <= 65536
+    assert len(response._compressed) <= len(packed)
+    whole = await response.read()  # read in steps, it is all there
+    assert len(whole) == 64 << 20 and not whole.strip(b"\0")
+    del whole
+    response.release()
+    response = await p.request(origin, head(), b"{}")
+    with pytest.raises(http1.TooLarge, match="larger than 1048576 bytes"):
+        await response.read(max_size=1 << 20)
+    assert response._conn is None and not response._chunks and not response._compressed
+    await p.close()
+
+
 async def test_pool_bound_waits_then_times_out(serve) -> None:  # type: ignore[no-untyped-def]
     server, origin = await serve(answer(OK))
     p = pool(limit=1, pool_timeout=0.2)
@@ -357,6 +380,17 @@ async def test_endless_header_block_is_cut_off(serve) -> None:  # type: ignore[n
         return False
 
     _, origin = await serve(endless)
+    p = Pool(limit=1, keepalive=60.0, connect_timeout=2.0, pool_timeout=2.0, max_head=16 * 1024)
+    with pytest.raises(http1.BadResponse, match="too large"):
+        await p.request(origin, head(), b"{}")
+    assert p.size == 0
+    await p.close()
+
+
+async def test_a_header_block_too_large_is_refused_even_when_it_arrives_whole(serve) -> None:  # type: ignore[no-untyped-def]
+    block = b"".join(b"x-filler-%d: %s\r\n" % (i, b"a" * 100) for i in range(400))  # 44 KB
+    raw = b"HTTP/1.1 200 OK\r\n" + block + b"content-length: 2\r\n\r\n{}"
+    _, origin = await serve(answer(raw))
     p = Pool(limit=1, keepalive=60.0, connect_timeout=2.0, pool_timeout=2.0, max_head=16 * 1024)
     with pytest.raises(http1.BadResponse, match="too large"):
         await p.request(origin, head(), b"{}")

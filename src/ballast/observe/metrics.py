@@ -107,6 +107,13 @@ class Metrics:
             registry=reg,
             multiprocess_mode="max",
         )
+        self.clients_gone = Counter(
+            "ballast_client_gone",
+            "Requests dropped because the client went away (disconnect) or stopped reading"
+            " its stream (write_timeout).",
+            ("deployment", "reason"),
+            registry=reg,
+        )
         self.reloads = Counter(
             "ballast_config_reloads", "Config reloads by result.", ("result",), registry=reg
         )
@@ -158,6 +165,8 @@ class Metrics:
             self._child(self.cooldowns, dep).inc()
         elif name == "probe":
             self._child(self.probes, dep, str(fields.get("outcome"))).inc()
+        elif name == "client_gone":
+            self._child(self.clients_gone, dep, reason).inc()
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (metric._name, *labels)

@@ -7,9 +7,9 @@ import asyncio
 
 from ballast.pipeline.errors import ApiError
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
-from ballast.types import Handler, Message, Receive, Scope, Send
+from ballast.types import WRITE_TIMED_OUT, Handler, Message, Receive, Scope, Send
 
-__all__ = ["Handler", "Message", "Receive", "Scope", "Send"]
+__all__ = ["WRITE_TIMED_OUT", "Handler", "Message", "Receive", "Scope", "Send"]
 
 
 JSON = (b"content-type", b"application/json")

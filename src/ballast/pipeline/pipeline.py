@@ -28,6 +28,7 @@ from ballast.pipeline.asgi import (
     EVENT_STREAM,
     JSON,
     NO_CACHE,
+    WRITE_TIMED_OUT,
     ClientGone,
     DisconnectWatch,
     header,
@@ -152,13 +153,23 @@ class Pipeline:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            log.info("client went away; upstream request %s dropped", rid.decode("latin-1"))
+            self._client_gone(ctx, rid, bool(scope.get(WRITE_TIMED_OUT)))
         finally:
             if ctx is not None:
                 if not ctx.settled:
                     self._settle(ctx, "", None, None)  # 7: frees the slot if nothing did yet
                 if ctx.lookup is not None:
                     ctx.lookup.done()  # identical requests waiting on this one go on
+
+    def _client_gone(self, ctx: RequestContext | None, rid: bytes, stopped_reading: bool) -> None:
+        """The client went away, or stopped reading for `client_write_timeout` (the server
+        then aborted its connection): its upstream request was dropped."""
+        reason = "write_timeout" if stopped_reading else "disconnect"
+        attempts = ctx.attempts if ctx is not None else None
+        deployment = attempts.deployment if attempts is not None else None
+        fields = {"deployment": deployment or "none", "reason": reason}
+        self.router.loop.on_event("client_gone", fields)
+        log.info("client gone (%s); upstream request %s dropped", reason, rid.decode("latin-1"))
 
     # -- the stages ------------------------------------------------------------------
 

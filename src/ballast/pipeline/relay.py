@@ -187,6 +187,7 @@ class Relay:
         elif failure is None:
             opened.attempt.succeeded()
         else:
+            failures.drop_references(failure)
             self.attempts.failures.append(failure)
             opened.attempt.failed(failure)
         opened.stream.close()

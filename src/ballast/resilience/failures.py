@@ -4,6 +4,7 @@ says once what the router does with it and what the client sees if nothing else 
 from __future__ import annotations
 
 import enum
+import traceback
 from dataclasses import dataclass
 
 import orjson
@@ -150,3 +151,21 @@ BUDGET_EXHAUSTED = Kind(
 HANDLE_UNAVAILABLE = Kind(
     "handle_unavailable", Action.FAILOVER, 503, "api_error", "upstream_session_unavailable", True
 )
+
+
+def drop_references(error: BaseException) -> None:
+    """Let go of what an error only carries for a traceback: the locals of the finished
+    frames it passed through, and a context that `raise ... from None` hid (still kept in
+    `__context__`: orjson's JSONDecodeError holds the whole document it failed on). A
+    recorded failure lives as long as its request, often in a reference cycle through the
+    frame that caught it (which the tuned collector finds late); it must not keep the answer
+    it failed on (a body read whole, an aborted read's buffer) alive with it."""
+    seen: BaseException | None = error
+    for _ in range(16):  # a context chain is short; a cycle in it must not loop
+        if seen is None:
+            return
+        if seen.__traceback__ is not None:
+            traceback.clear_frames(seen.__traceback__)
+        if seen.__suppress_context__:
+            seen.__context__ = None
+        seen = seen.__context__

@@ -253,6 +253,7 @@ class AttemptLoop:
             else:
                 result = await exchange(attempt, model)
         except Failure as failure:
+            failures.drop_references(failure)
             failure.deployment = target.id
             attempts.failures.append(failure)
             attempt.failed(failure)

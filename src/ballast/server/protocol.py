@@ -11,10 +11,12 @@ headers are pending."""
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
+from ballast.types import WRITE_TIMED_OUT
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -35,25 +37,39 @@ def _raw_error(status: int, message: str, code: str) -> bytes:
     )
 
 
+class _HeadersTooLarge(Exception):
+    """Raised in a parser callback to stop reading a request whose head is too large."""
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """Set the limits on the class (`configure`) before serving; each worker does so when
     it builds its app."""
 
     header_timeout: float = 10.0
     max_header_bytes: int = 64 * 1024
+    client_write_timeout: float = 30.0
     clock: Clock = SYSTEM_CLOCK
 
+    _write_timer: Timer | None = None
+
     _header_timer: Timer | None = None
-    _header_bytes: int = 0
+    _header_bytes: int = 0  # read while the headers are pending (an endless header block)
+    _head_size: int = 0  # the request line's target and header lines the parser gave us
+    _oversized: bool = False
     _headers_since: float = 0.0
     _headers_pending: bool = False
 
     @classmethod
     def configure(
-        cls, header_timeout: float, max_header_bytes: int, clock: Clock = SYSTEM_CLOCK
+        cls,
+        header_timeout: float,
+        max_header_bytes: int,
+        clock: Clock = SYSTEM_CLOCK,
+        client_write_timeout: float = 30.0,
     ) -> None:
         cls.header_timeout = header_timeout
         cls.max_header_bytes = max_header_bytes
+        cls.client_write_timeout = client_write_timeout
         cls.clock = clock
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -65,7 +81,36 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
         super().connection_lost(exc)
+
+    # A client that stops reading: uvicorn's `send` waits while the transport is paused
+    # (its buffer full), which pauses the stream and, with it, the upstream's reads. Paused
+    # for `client_write_timeout`, the connection is aborted: the app sees a disconnect (the
+    # scope says why) and drops its upstream request. No cost per write: only a pause and
+    # its resume arm and cancel the timer.
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.clock.call_later(
+                self.client_write_timeout, self._write_timed_out
+            )
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        cycle = self.cycle
+        if cycle is not None:
+            cast(dict[str, object], cycle.scope)[WRITE_TIMED_OUT] = True
+        self.transport.abort()
 
     def _begin_headers(self) -> None:
         """A request's headers start arriving. The connection's one timer is armed only when
@@ -73,6 +118,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         not once per request."""
         self._headers_pending = True
         self._header_bytes = 0
+        self._head_size = 0
         self._headers_since = self.clock.monotonic()
         if self._header_timer is None:
             self._header_timer = self.clock.call_later(self.header_timeout, self._check_headers)
@@ -92,6 +138,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(_raw_error(status, message, code))
             self.transport.close()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # A header block that came whole in one read ended before `data_received` could
+        # count it, so the parser's own pieces are counted as well.
+        self._count_head(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _count_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > self.max_header_bytes:
+            self._oversized = True
+            raise _HeadersTooLarge  # ends the parse: uvicorn answers via send_400_response
+
+    def send_400_response(self, msg: str) -> None:
+        if self._oversized:
+            self._reject(431, "The request headers are larger than allowed.", "headers_too_large")
+            return
+        super().send_400_response(msg)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

@@ -100,6 +100,14 @@ class Upstream:
         self.timeouts = timeouts
         self.base_url = deployment.url
         self._settings = settings
+        # The most a whole answer may take, decoded (an embeddings answer is larger), and
+        # one event of a stream: past them the answer is a BAD_RESPONSE naming the limit.
+        self.max_response_bytes = deployment.max_response_bytes or settings.max_response_bytes
+        self._max_embeddings = deployment.max_response_bytes or (
+            settings.max_embeddings_response_bytes
+        )
+        self.max_event_bytes = settings.max_event_bytes
+        self.max_kept_chars = settings.max_kept_chars  # a stream's text kept to continue it
         headers = {
             "content-type": "application/json",
             "accept": "application/json",
@@ -120,6 +128,10 @@ class Upstream:
         self._auth_lines = header_lines(auth)
         self._pool: Pool | None = None
         self._proxies: proxy.ProxyPolicy | None = None
+
+    def answer_limit(self, path: str) -> int:
+        """The most a whole answer to `path` may take."""
+        return self._max_embeddings if path.endswith("/embeddings") else self.max_response_bytes
 
     async def start(self) -> None:
         """Make the pool, with the deployment's own TLS context when it has one and its

@@ -12,8 +12,8 @@ from ballast.resilience.clock import Clock
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Route, Upstream
 from ballast.upstream.codec import Wire
-from ballast.upstream.exchange import Reply, UpstreamStream, answer_head, reply_of
-from ballast.upstream.http1 import HttpError, Response
+from ballast.upstream.exchange import Reply, UpstreamStream, answer_head, reply_of, too_large
+from ballast.upstream.http1 import HttpError, Response, TooLarge
 
 
 async def collect(
@@ -42,7 +42,9 @@ async def collect(
         try:
             # The stream's one timer guards the whole answer's read instead.
             with watchdog.until(min(until, now + upstream.timeouts.answer)):
-                data = await response.read()
+                data = await response.read(max_size=upstream.answer_limit(path))
+        except TooLarge:
+            raise too_large(upstream, path) from None
         except TimeoutError:
             raise Failure(
                 failures.REQUEST_TIMEOUT, "no complete answer in time", deployment=upstream.id
@@ -60,12 +62,18 @@ async def collect(
     )
     stream.until = until
     events: list[bytes] = []
+    size, limit = 0, upstream.answer_limit(path)
     try:
         state = stream.state
         while not (state.output or state.finished or stream.exhausted):
             events.extend(await stream.next_events(first))
         while not stream.exhausted:
-            events.extend(await stream.next_events())
+            more = await stream.next_events()
+            events.extend(more)
+            size += sum(map(len, more))
+            if size > limit:
+                events.clear()
+                raise too_large(upstream, path)
     finally:
         stream.close()
     assembled = assemble(events)

@@ -40,6 +40,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.uses = 0  # requests sent on it; past one, it was reused from the pool
+        self.head_size = 0  # the current answer's header lines, as the parser gave them
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -48,6 +49,7 @@ class _Connection(asyncio.Protocol):
         response = Response(self)
         self.response = response
         self.uses += 1
+        self.head_size = 0
         transport = self.transport
         if self.closed or transport is None or transport.is_closing():
             response._fail(Disconnected("upstream connection closed"))
@@ -88,6 +90,12 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         response = self.response
         if response is not None:
+            # A header block that came whole in one read ends before `data_received` counts
+            # it: the parser's own pieces count too.
+            self.head_size += len(name) + len(value) + 4
+            if self.head_size > self.pool.max_head:
+                response._fail(BadResponse("upstream's answer headers are too large"))
+                raise BadResponse("headers too large")  # ends the parse; the error is set
             response.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:

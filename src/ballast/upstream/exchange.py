@@ -16,10 +16,14 @@ from ballast.resilience.failures import Failure
 from ballast.resilience.retry import parse_retry_after
 from ballast.upstream.client import Route, Upstream, relay_headers
 from ballast.upstream.codec import Decoder, Wire
-from ballast.upstream.http1 import HttpError, Response
-from ballast.upstream.sse import DONE, SseSplitter, StreamState, event_data
+from ballast.upstream.http1 import HttpError, Response, TooLarge
+from ballast.upstream.sse import DONE, EventTooLarge, SseSplitter, StreamState, event_data
 
 MAX_ERROR_BODY = 64 * 1024
+# Buffered bytes of an event stream at which its socket stops being read. A stream's reader
+# relays what it takes at once, so this (with one socket read) is what a stream whose client
+# stopped reading holds on this side; a whole answer keeps the pool's larger mark.
+STREAM_HIGH_WATER = 32 * 1024
 
 
 @dataclass(slots=True)
@@ -80,7 +84,9 @@ async def fetch(
             if response.status >= 300:
                 raise await _failure_from(response, upstream, clock, wire)
             try:
-                data = await response.read()
+                data = await response.read(max_size=upstream.answer_limit(path))
+            except TooLarge:
+                raise too_large(upstream, path) from None
             except HttpError:
                 raise Failure(
                     failures.RESET,
@@ -96,6 +102,16 @@ async def fetch(
             deployment=upstream.id,
         ) from None
     return reply_of(response, data, upstream, wire)
+
+
+def too_large(upstream: Upstream, path: str) -> Failure:
+    """The failure of an answer past its limit (its connection is already dropped)."""
+    return Failure(
+        failures.BAD_RESPONSE,
+        f"the upstream's answer is larger than max_response_bytes"
+        f" ({upstream.answer_limit(path)} bytes)",
+        deployment=upstream.id,
+    )
 
 
 def reply_of(response: Response, data: bytes, upstream: Upstream, wire: Wire | None) -> Reply:
@@ -139,10 +155,13 @@ class UpstreamStream:
     ) -> None:
         self.upstream = upstream
         self.response = response
+        response.high_water = min(response.high_water, STREAM_HIGH_WATER)
         self._watchdog = watchdog or Watchdog(clock)
-        self.state = StreamState()
+        self.state = StreamState(limit=upstream.max_kept_chars)
         self._clock = clock
-        self._splitter: Decoder = SseSplitter() if decoder is None else decoder
+        self._splitter: Decoder = (
+            SseSplitter(upstream.max_event_bytes) if decoder is None else decoder
+        )
         self._inter_chunk = upstream.timeouts.inter_chunk
         self._closed = False
         self._eof = False
@@ -204,6 +223,14 @@ class UpstreamStream:
                 return self._finish(out)
             try:
                 events = self._splitter.feed(chunk)
+            except EventTooLarge:
+                del chunk
+                raise Failure(
+                    failures.BAD_RESPONSE,
+                    "the upstream sent an event larger than max_event_bytes"
+                    f" ({self.upstream.max_event_bytes} bytes)",
+                    deployment=self.upstream.id,
+                ) from None
             except Failure as failure:  # a provider's in-band error
                 failure.deployment = self.upstream.id
                 raise

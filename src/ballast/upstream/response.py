@@ -1,6 +1,11 @@
 """One answer from an upstream: its status and headers, then its body as it arrives,
 buffered up to a bound, decoded when it came gzip- or deflate-encoded.
 
+Decoding is bounded too: each step inflates at most the room left under the pool's
+`high_water`, keeping the rest of the compressed input (with the socket paused) until the
+reader takes what was decoded. A gzip bomb (a few MB that inflate to GBs) thus costs a
+bounded buffer, and `read(max_size=...)` ends it when the decoded body passes the limit.
+
 Why apart from the connection: this is what callers hold and read (the exchange, the
 client); the connection protocol only feeds it. It sees its connection through the small
 `Carrier` protocol below, so the two modules do not import each other.
@@ -14,7 +19,7 @@ from collections import deque
 from typing import Protocol, Self, TypeVar
 
 from ballast.resilience.clock import Clock, Timer
-from ballast.upstream.wire import BadResponse, Headers, HttpError
+from ballast.upstream.wire import BadResponse, Headers, HttpError, TooLarge
 
 _Conn = TypeVar("_Conn", contravariant=True)
 
@@ -49,6 +54,7 @@ class Response:
     __slots__ = (
         "_buffered",
         "_chunks",
+        "_compressed",
         "_conn",
         "_decoder",
         "_drain",
@@ -60,6 +66,7 @@ class Response:
         "_waiter",
         "complete",
         "headers_done",
+        "high_water",
         "keep_alive",
         "raw_headers",
         "status",
@@ -81,6 +88,10 @@ class Response:
         self._error: HttpError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._decoder: zlib._Decompress | None = None
+        self._compressed = b""  # encoded input not inflated yet (the reader is behind)
+        # Buffered body bytes at which the socket stops being read; the pool's unless the
+        # reader sets less (an event stream: its reader relays what it takes at once).
+        self.high_water = conn.pool.high_water
         self._drain: Timer | None = None  # released, the rest being discarded
 
     @property
@@ -95,11 +106,13 @@ class Response:
         """The body bytes buffered now (b"" when none). Raises the connection's error once
         the bytes before it were taken."""
         chunks = self._chunks
+        if not chunks and self._compressed:
+            self._inflate(b"")
         if chunks:
             data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
             chunks.clear()
             self._buffered = 0
-            if self._paused:
+            if self._paused and not self._compressed:
                 self._resume()
             return data
         if self._error is not None:
@@ -107,24 +120,38 @@ class Response:
         return b""
 
     def at_eof(self) -> bool:
-        return self.complete and not self._chunks
+        return self.complete and not self._chunks and not self._compressed
 
     async def readany(self) -> bytes:
         """The next body bytes, waiting for them; b"" at the end of the body."""
-        while not self._chunks and not self.complete and self._error is None:
+        while (
+            not self._chunks and not self._compressed and not self.complete and self._error is None
+        ):
             await self._wait()
         return self.read_nowait()
 
-    async def read(self, limit: int = -1) -> bytes:
-        """The whole body, or its first `limit` bytes."""
+    async def read(self, limit: int = -1, max_size: int = -1) -> bytes:
+        """The whole body, or its first `limit` bytes. A body past `max_size` bytes raises
+        TooLarge and drops the connection; nothing read of it is kept."""
         parts: list[bytes] = []
         size = 0
-        while limit < 0 or size < limit:
-            data = await self.readany()
-            if not data:
-                break
-            parts.append(data)
-            size += len(data)
+        try:
+            while limit < 0 or size < limit:
+                data = await self.readany()
+                if not data:
+                    break
+                parts.append(data)
+                size += len(data)
+                if 0 <= max_size < size:
+                    self.close()
+                    raise TooLarge(f"the answer is larger than {max_size} bytes")
+        except BaseException:
+            # The error's traceback keeps this frame alive as long as the error lives (in
+            # a failure's context, a log record, a cycle the collector has yet to find):
+            # it must not keep the body read so far.
+            parts.clear()
+            data = b""
+            raise
         body = b"".join(parts)
         return body if limit < 0 else body[:limit]
 
@@ -159,30 +186,61 @@ class Response:
         if self._drain is not None:
             return
         if self._decoder is not None:
-            try:
-                data = self._decoder.decompress(data)
-            except zlib.error:
-                self._fail(BadResponse("upstream sent a body its content-encoding cannot read"))
-                if self._conn is not None:
-                    self._conn.abort()
-                return
-            if not data:
-                return
+            self._inflate(data)
+            return
+        self._append(data)
+
+    def _append(self, data: bytes) -> None:
         self._chunks.append(data)
         self._buffered += len(data)
         conn = self._conn
-        if conn is not None and self._buffered > conn.pool.high_water and not self._paused:
-            if conn.transport is not None:
-                self._paused = True
-                conn.transport.pause_reading()
+        if conn is not None and self._buffered > self.high_water and not self._paused:
+            self._pause()
         self._wake()
 
+    def _pause(self) -> None:
+        conn = self._conn
+        if conn is not None and conn.transport is not None and not conn.closed:
+            self._paused = True
+            conn.transport.pause_reading()
+
+    def _inflate(self, data: bytes) -> None:
+        """Decode at most the room left under the high-water mark; the rest of the input
+        waits (the socket paused) until the reader has taken what is buffered."""
+        decoder = self._decoder
+        assert decoder is not None
+        pending = self._compressed + data if self._compressed else data
+        room = self.high_water - self._buffered
+        if room <= 0:
+            self._compressed = pending
+            if not self._paused:
+                self._pause()
+            return
+        try:
+            out = decoder.decompress(pending, room)
+            self._compressed = decoder.unconsumed_tail
+            if self.complete and not self._compressed:
+                out += decoder.flush()
+        except zlib.error:
+            self._compressed = b""
+            self._fail(BadResponse("upstream sent a body its content-encoding cannot read"))
+            if self._conn is not None:
+                self._conn.abort()
+            return
+        if self._compressed and not self._paused:
+            self._pause()
+        if out:
+            self._append(out)
+
     def _end(self) -> None:
-        if self._decoder is not None:
-            rest = self._decoder.flush()
+        self.complete = True
+        if self._decoder is not None and not self._compressed:
+            try:
+                rest = self._decoder.flush()
+            except zlib.error:
+                rest = b""
             if rest:
                 self._chunks.append(rest)
-        self.complete = True
         self._wake()
 
     def _fail(self, error: HttpError) -> None:
@@ -204,6 +262,7 @@ class Response:
             conn.pool.put_back(conn)
         elif reusable and self.headers_done and not self._until_eof:
             self._chunks.clear()
+            self._compressed = b""
             self._buffered = 0
             self._drain = conn.pool.clock.call_later(conn.pool.drain_timeout, conn.abort)
             if self._paused and conn.transport is not None:
@@ -213,6 +272,10 @@ class Response:
             conn.abort()
 
     def close(self) -> None:
+        """Drop the connection and whatever of the body is still buffered."""
+        self._chunks.clear()
+        self._compressed = b""
+        self._buffered = 0
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.abort()

@@ -11,28 +11,74 @@ import orjson
 DONE = b"data: [DONE]"
 
 
+class EventTooLarge(ValueError):
+    """An event grew past the splitter's `max_event` bytes without ending."""
+
+
 class SseSplitter:
-    """Cuts a byte stream into complete events (without their blank-line terminator)."""
+    """Cuts a byte stream into complete events (without their blank-line terminator). An
+    unfinished event past `max_event` bytes raises EventTooLarge, and is dropped.
 
-    __slots__ = ("_buffer",)
+    Linear in the bytes fed: an unfinished event is kept as a list of its pieces, and only
+    each new piece is searched for the end of the event (with the one byte before it), so a
+    long event arriving in small reads is neither copied nor scanned once per read."""
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    __slots__ = ("_cr", "_parts", "_size", "max_event")
+
+    def __init__(self, max_event: int = 4 * 1024 * 1024) -> None:
+        self._parts: list[bytes] = []  # the unfinished event, in pieces
+        self._size = 0
+        self._cr = False  # the last piece ended in CR, held back: it may begin a CRLF
+        self.max_event = max_event
 
     def feed(self, data: bytes) -> list[bytes]:
-        buffer = self._buffer + data if self._buffer else data
-        if b"\r" in buffer:
-            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        if b"\n\n" not in buffer:
-            self._buffer = buffer
-            return []
-        parts = buffer.split(b"\n\n")
-        self._buffer = parts.pop()
-        return [p for p in parts if p]
+        if self._cr:
+            data = b"\r" + data
+            self._cr = False
+        if b"\r" in data:
+            if data.endswith(b"\r"):
+                data = data[:-1]
+                self._cr = True
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        events: list[bytes] = []
+        parts = self._parts
+        if parts:
+            if data.startswith(b"\n") and parts[-1].endswith(b"\n"):
+                first, data = b"".join(parts)[:-1], data[1:]
+            else:
+                end = data.find(b"\n\n")
+                if end < 0:
+                    self._keep(data)
+                    return events
+                first, data = b"".join(parts) + data[:end], data[end + 2 :]
+            parts.clear()
+            self._size = 0
+            if first:
+                events.append(first)
+        if b"\n\n" not in data:
+            self._keep(data)
+            return events
+        pieces = data.split(b"\n\n")
+        self._keep(pieces.pop())
+        events.extend(p for p in pieces if p)
+        return events
+
+    def _keep(self, piece: bytes) -> None:
+        if not piece:
+            return
+        self._size += len(piece)
+        if self._size > self.max_event:
+            self._parts.clear()
+            self._size = 0
+            raise EventTooLarge(f"an event larger than {self.max_event} bytes")
+        self._parts.append(piece)
 
     def rest(self) -> bytes:
         """What is left when the stream ends: an event that never got its terminator."""
-        rest, self._buffer = self._buffer.strip(), b""
+        rest = b"".join(self._parts).strip()
+        self._parts.clear()
+        self._size = 0
+        self._cr = False
         return rest
 
     def finish(self) -> list[bytes]:
@@ -80,7 +126,11 @@ _TERMINAL = frozenset(("response.completed", "response.incomplete", "response.fa
 class StreamState:
     """What has been said so far in one streamed answer (for the first-token clock,
     continuation, usage and checks). `output` turns true with the first delta that carries
-    model output of any kind: text, a tool call, reasoning, a refusal, audio."""
+    model output of any kind: text, a tool call, reasoning, a refusal, audio.
+
+    The text is kept for continuation only, up to `limit` characters (content, reasoning and
+    tool arguments together): past it the stream forgets it and is `untracked` (relayed on,
+    never continued), so a long answer costs a stream bounded memory."""
 
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
@@ -94,6 +144,8 @@ class StreamState:
     malformed: int = 0
     data_events: int = 0
     role_sent: bool = False
+    limit: int = 1_000_000
+    kept: int = 0
 
     @property
     def content(self) -> str:
@@ -122,8 +174,12 @@ class StreamState:
                 else:
                     piece = choice.get("text")
                 if piece and isinstance(piece, str):
-                    self.text.append(piece)
                     self.output = True
+                    self.kept += len(piece)
+                    if self.kept <= self.limit:
+                        self.text.append(piece)
+                    else:
+                        self._forget()
                 reason = choice.get("finish_reason")
                 if reason:
                     self.finished = True
@@ -144,7 +200,11 @@ class StreamState:
             self.output = True
             piece = payload.get("delta")
             if kind == "response.output_text.delta" and isinstance(piece, str):
-                self.text.append(piece)
+                self.kept += len(piece)
+                if self.kept <= self.limit:
+                    self.text.append(piece)
+                else:
+                    self._forget()
             else:
                 self.untracked = True
         elif kind in _TERMINAL:
@@ -165,12 +225,24 @@ class StreamState:
         for name in REASONING_FIELDS:
             piece = delta.get(name)
             if piece and isinstance(piece, str):
-                self.reasoning.append(piece)
                 self.output = True
+                self.kept += len(piece)
+                if self.kept <= self.limit:
+                    self.reasoning.append(piece)
+                else:
+                    self._forget()
         for name in _OTHER_OUTPUT:
             if delta.get(name):
                 self.output = True
                 self.untracked = True
+
+    def _forget(self) -> None:
+        """Past the limit: no continuation will be asked, so the text kept for one goes."""
+        self.untracked = True
+        self.text.clear()
+        self.reasoning.clear()
+        for entry in self.tools.values():
+            entry.arguments.clear()
 
     def _observe_call(self, call: Any) -> None:
         if not isinstance(call, dict):
@@ -194,7 +266,11 @@ class StreamState:
             arguments = function.get("arguments")
             if isinstance(arguments, str):
                 if arguments:
-                    entry.arguments.append(arguments)
+                    self.kept += len(arguments)
+                    if self.kept <= self.limit:
+                        entry.arguments.append(arguments)
+                    else:
+                        self._forget()
             elif arguments is not None:
                 self.untracked = True
 

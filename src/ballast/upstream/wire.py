@@ -40,6 +40,11 @@ class BadResponse(HttpError):
     """The upstream's bytes are not an HTTP/1.1 answer we can read."""
 
 
+class TooLarge(BadResponse):
+    """An answer (or one of its events) larger than a configured limit; its message names
+    the limit."""
+
+
 class Origin(NamedTuple):
     tls: bool
     host: str
