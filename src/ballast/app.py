@@ -129,6 +129,9 @@ class BallastApp:
             if path.startswith("/admin/"):
                 await self.admin.handle(scope, receive, send)
                 return
+            if path.startswith("/v1/models/") and method == "GET":
+                await self.openai.model(scope, receive, send, path[11:])
+                return
             if path == "/v1/jobs" or path.startswith("/v1/jobs/"):
                 await self.jobs.handle(scope, receive, send)
                 return

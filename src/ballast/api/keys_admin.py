@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
@@ -16,30 +17,49 @@ if TYPE_CHECKING:
     from ballast.api.admin import Admin
 
 _INT_FIELDS = ("rpm", "tpm", "max_parallel", "max_concurrent_jobs")
+MAX_INT = 2**31 - 1  # the INTEGER columns: PostgreSQL's int4 is the narrowest
+MAX_BUDGET = 1e12  # dollars; also keeps sums of spend far from float trouble
+MAX_TIME = 253_402_300_799.0  # 9999-12-31T23:59:59Z
+MAX_NAME = 200  # the name and model columns
+MAX_MODELS = 1000
+
+
+def text_field(value: Any, field: str, max_length: int = MAX_NAME) -> str:
+    """A string the database can store (no NUL, bounded), or a 400 naming the field."""
+    if not isinstance(value, str) or not value.strip():
+        raise bad_request(f"'{field}' must be a non-empty string.", field)
+    if "\x00" in value:
+        raise bad_request(f"'{field}' must not contain a NUL character.", field)
+    if len(value) > max_length:
+        raise bad_request(f"'{field}' must be at most {max_length} characters.", field)
+    return value
 
 
 def key_options(data: dict[str, Any]) -> dict[str, Any]:
     """Validated attributes for a new key; a 400 names the first bad one."""
-    name = data.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise bad_request("'name' is required.", "name")
-    options: dict[str, Any] = {"name": name.strip()[:200]}
+    options: dict[str, Any] = {"name": text_field(data.get("name"), "name").strip()}
     models = data.get("models")
     if models is not None:
-        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-            raise bad_request("'models' must be a list of model names.", "models")
-        options["models"] = models
+        if not isinstance(models, list) or len(models) > MAX_MODELS:
+            raise bad_request(
+                f"'models' must be a list of at most {MAX_MODELS} model names.", "models"
+            )
+        options["models"] = [text_field(m, "models") for m in models]
     for field in _INT_FIELDS:
         value = data.get(field)
         if value is not None:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise bad_request(f"'{field}' must be a positive integer.", field)
+            if type(value) is not int or not 1 <= value <= MAX_INT:  # bool is not a count
+                raise bad_request(f"'{field}' must be an integer from 1 to {MAX_INT}.", field)
             options[field] = value
-    for field in ("budget", "expires_at"):
+    for field, highest in (("budget", MAX_BUDGET), ("expires_at", MAX_TIME)):
         value = data.get(field)
         if value is not None:
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise bad_request(f"'{field}' must be a non-negative number.", field)
+            if (
+                type(value) not in (int, float)
+                or not math.isfinite(value)
+                or not 0 <= value <= highest
+            ):
+                raise bad_request(f"'{field}' must be a number from 0 to {highest:.0f}.", field)
             options[field] = float(value)
     period = data.get("budget_period", "month")
     if period not in ("day", "month", "total"):
@@ -81,22 +101,23 @@ class KeysAdmin:
         await send_bytes(send, 201, [JSON], body)
 
     async def revoke(self, scope: Scope, receive: Receive, send: Send) -> None:
-        key_id = (await self._json(scope, receive)).get("id")
-        if not isinstance(key_id, str):
-            raise bad_request("'id' is required.", "id")
+        key_id = text_field((await self._json(scope, receive)).get("id"), "id")
         if not await self.hub.keys.revoke(key_id):
             raise ApiError(404, f"No key with id {key_id[:80]}.", code="key_not_found")
         await send_bytes(send, 200, [JSON], orjson.dumps({"id": key_id, "revoked": True}))
 
     async def spend(self, scope: Scope, receive: Receive, send: Send) -> None:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        key_id = (query.get("id") or [""])[0]
-        record = await self.hub.keys.get(key_id) if key_id else None
+        key_id = text_field((query.get("id") or [""])[0], "id")
+        record = await self.hub.keys.get(key_id)
         if record is None:
             raise ApiError(404, f"No key with id {key_id[:80]}.", code="key_not_found")
-        period = (query.get("period") or [period_of(record.budget_period, self.hub.clock.time())])[
-            0
-        ]
+        given = query.get("period")
+        period = (
+            text_field(given[0], "period", 10)
+            if given
+            else period_of(record.budget_period, self.hub.clock.time())
+        )
         total = await self.hub.spend.key_spend(record.id, period)
         body = orjson.dumps(
             {"id": record.id, "period": period, "spend": total, "budget": record.budget}

@@ -90,6 +90,11 @@ class Access:
         self.clock = clock
         self.prices = settings.prices
         self.enabled = self._master is not None
+        # While open, whether a key exists is asked again at most this often (any worker or
+        # instance may create the first one); once one exists, Ballast stays closed.
+        self.open_recheck = 1.0
+        self._open_until = 0.0
+        self._open_check: asyncio.Future[bool] | None = None
         self._budget_cache: dict[tuple[str, str], tuple[float, float]] = {}
         self._refreshing: dict[tuple[str, str], asyncio.Future[float]] = {}
         # Spend event ids: unique across processes and restarts (a random prefix per
@@ -107,11 +112,41 @@ class Access:
     async def start(self) -> None:
         if not self.enabled:
             self.enabled = await self.keys.count() > 0
+            self._open_until = self.clock.monotonic() + self.open_recheck
         if not self.enabled:
             log.warning(
                 "NO MASTER KEY AND NO API KEYS: Ballast is running OPEN; anyone who can reach "
                 "it can use every model. Set server.master_key and create keys."
             )
+
+    async def required(self) -> bool:
+        """Whether requests need a key: from the moment the first key exists anywhere (this
+        process sees its own at once, others within `open_recheck`), without a restart."""
+        if self.enabled:
+            return True
+        if self.keys.created:
+            self.enabled = True
+            log.warning("a key exists now: every request needs one from here on")
+        elif self.clock.monotonic() >= self._open_until:
+            check = self._open_check
+            if check is None:  # one count query at a time, shared by the requests waiting
+                check = asyncio.get_running_loop().create_task(self._keys_exist())
+                self._open_check = check
+            self.enabled = await asyncio.shield(check)
+        return self.enabled
+
+    async def _keys_exist(self) -> bool:
+        try:
+            exists = await self.keys.count() > 0
+            if exists:
+                log.warning("a key exists now: every request needs one from here on")
+            return exists
+        except Exception:
+            log.warning("cannot count keys; staying open until the database answers")
+            return False
+        finally:
+            self._open_until = self.clock.monotonic() + self.open_recheck
+            self._open_check = None
 
     def is_master(self, token: str | None) -> bool:
         return (
@@ -174,19 +209,21 @@ class Access:
         """Checks before routing; None when Ballast runs open. What is known here (a key
         seen recently, a fresh budget figure, a local limiter) is checked without awaiting
         anything: each await of a coroutine costs about half a microsecond."""
-        if not self.enabled:
+        if not self.enabled and not await self.required():
             return None
         key = self._remembered(request.authorization)
         if key is None:
             key = await self.authenticate(scope, request.authorization)
-        if not key.allows(request.model):
-            raise ApiError(
-                403,
-                f"This key may not use the model '{request.model[:200]}'.",
-                "invalid_request_error",
-                "model_not_allowed",
-                "model",
-            )
+        if key.models is not None:
+            if request.model not in key.models:
+                raise ApiError(
+                    403,
+                    f"This key may not use the model '{request.model[:200]}'.",
+                    "invalid_request_error",
+                    "model_not_allowed",
+                    "model",
+                )
+            request.allowed_models = key.models  # fallbacks are held to it too (routing)
         if key.budget is not None:
             spent = self._known_spend(key)
             if spent is None:

@@ -37,6 +37,7 @@ class RequestContext:
     stream: bool
     request_id: str | None = None
     fallbacks: tuple[str, ...] = ()
+    allowed_models: tuple[str, ...] | None = None  # the key's models, set by admit
     authorization: bytes | None = None  # the client's Authorization header, as sent
     edits: dict[str, Any] = field(default_factory=dict)
     group: ModelGroup | None = None  # set by resolve

@@ -117,6 +117,7 @@ class KeyService:
         self._flights: dict[str, asyncio.Future[KeyRecord | None]] = {}
         self.db_queries = 0
         self.revocations = 0  # callers that cache keys of their own drop them when it moves
+        self.created = 0  # keys created by this process (an open gateway closes at the first)
 
     # -- administration -------------------------------------------------------------
 
@@ -155,6 +156,7 @@ class KeyService:
             await connection.execute(
                 api_keys.insert().values(key_hash=hash_key(plaintext), **values)
             )
+        self.created += 1
         return plaintext, record
 
     async def list(self) -> list[KeyRecord]:
