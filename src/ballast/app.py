@@ -161,7 +161,12 @@ class BallastApp:
     async def startup(self) -> None:
         await self.state.start()
         access = Access(
-            self.settings, self.state.keys, self.state.limiter, self.state.spend, self.clock
+            self.settings,
+            self.state.keys,
+            self.state.limiter,
+            self.state.spend,
+            self.clock,
+            self.state.budgets,
         )
         await access.start()
         self.pipeline.access = access

@@ -11,7 +11,7 @@ import orjson
 from ballast.pipeline.asgi import JSON, Receive, Scope, Send, read_body, send_bytes
 from ballast.pipeline.errors import ApiError, bad_request
 from ballast.state.hub import StateHub
-from ballast.state.spend import period_of
+from ballast.state.spend import SpendUnavailable, period_of
 
 if TYPE_CHECKING:
     from ballast.api.admin import Admin
@@ -118,7 +118,12 @@ class KeysAdmin:
             if given
             else period_of(record.budget_period, self.hub.clock.time())
         )
-        total = await self.hub.spend.key_spend(record.id, period)
+        try:
+            total = await self.hub.spend.key_spend(record.id, period)
+        except SpendUnavailable:
+            raise ApiError(
+                503, "Spend cannot be read right now; retry shortly.", "api_error", "unavailable"
+            ) from None
         body = orjson.dumps(
             {"id": record.id, "period": period, "spend": total, "budget": record.budget}
         )

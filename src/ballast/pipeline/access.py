@@ -11,12 +11,15 @@ import math
 import uuid
 from typing import Any
 
-from ballast.config import Settings
+from ballast.config import ModelGroup, Settings
 from ballast.pipeline.asgi import Scope, header
 from ballast.pipeline.context import RequestContext, Ticket
 from ballast.pipeline.errors import ApiError
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.state.budget_ledger import LedgerUnavailable
+from ballast.state.budgets import BudgetExceeded, Budgets, Hold
 from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
+from ballast.state.prices import PriceBook
 from ballast.state.ratelimit import Limits, RateLimited, RateLimiter
 from ballast.state.spend import SpendRecorder, cost_of, period_of
 
@@ -81,6 +84,7 @@ class Access:
         limiter: RateLimiter,
         spend: SpendRecorder,
         clock: Clock = SYSTEM_CLOCK,
+        budgets: Budgets | None = None,
     ) -> None:
         master = settings.server.master_key
         self._master = master.get_secret_value().encode() if master is not None else None
@@ -88,7 +92,14 @@ class Access:
         self.limiter = limiter
         self.spend = spend
         self.clock = clock
-        self.prices = settings.prices
+        self.prices = PriceBook(settings.prices, settings.budgets.built_in_prices)
+        self.budgets = budgets
+        self.default_max_output = settings.budgets.default_max_output_tokens
+        # Deployment id -> the model it is configured for: a price is looked up by that first.
+        self._deployment_models = {
+            d.id: d.model for g in settings.models for d in g.deployments if d.model
+        }
+        self._group_prices: dict[int, tuple[ModelGroup, float, float, int]] = {}
         self.enabled = self._master is not None
         # While open, whether a key exists is asked again at most this often (any worker or
         # instance may create the first one); once one exists, Ballast stays closed.
@@ -224,17 +235,7 @@ class Access:
                     "model",
                 )
             request.allowed_models = key.models  # fallbacks are held to it too (routing)
-        if key.budget is not None:
-            spent = self._known_spend(key)
-            if spent is None:
-                spent = await self._spent(key)
-            if spent >= key.budget:
-                raise ApiError(
-                    429,
-                    f"This key has used its {key.budget_period} budget.",
-                    "insufficient_quota",
-                    "insufficient_quota",
-                )
+        hold = await self._reserve(key, request) if key.budget is not None else None
         estimated = estimate_tokens(request)
         lease = None
         if key.rpm is not None or key.tpm is not None or key.max_parallel is not None:
@@ -244,6 +245,8 @@ class Access:
                 if lease is None:
                     lease = await self.limiter.acquire_shared(limits, estimated)
             except RateLimited as limited:
+                if hold is not None and self.budgets is not None:
+                    self.budgets.settle(hold, 0.0)
                 retry = str(max(1, round(limited.retry_after))).encode()
                 raise ApiError(
                     429,
@@ -252,7 +255,77 @@ class Access:
                     "rate_limit_exceeded",
                     headers=((b"retry-after", retry), *limited.headers),
                 ) from None
-        return Ticket(key, lease, estimated)
+            except BaseException:
+                if hold is not None and self.budgets is not None:
+                    self.budgets.settle(hold, 0.0)
+                raise
+        return Ticket(key, lease, estimated, hold)
+
+    async def _reserve(self, key: KeyRecord, request: RequestContext) -> Hold | None:
+        """The request's worst-case cost, reserved against the key's budget (shared by every
+        worker and instance); 429 `insufficient_quota` when it does not fit. While the
+        shared ledger cannot be asked, the budget is checked against the known spend."""
+        assert key.budget is not None
+        period = period_of(key.budget_period, self.clock.time())
+        if self.budgets is not None:
+            worst = self.worst_case(request)
+            hold = self.budgets.reserve_now(key.id, period, worst)
+            if hold is not None:
+                return hold
+            try:
+                return await self.budgets.reserve(key.id, period, key.budget, worst)
+            except BudgetExceeded:
+                raise self._over_budget(key, True) from None
+            except LedgerUnavailable:
+                log.warning("budget ledger unavailable; checking the known spend instead")
+        spent = self._known_spend(key)
+        if spent is None:
+            spent = await self._spent(key)
+        if spent >= key.budget:
+            raise self._over_budget(key, False)
+        return None
+
+    @staticmethod
+    def _over_budget(key: KeyRecord, reserved: bool) -> ApiError:
+        message = f"This key has used its {key.budget_period} budget."
+        if reserved:
+            message = (
+                f"This request's worst-case cost does not fit in what is left of this key's "
+                f"{key.budget_period} budget (lower max_tokens, or wait for requests in flight)."
+            )
+        return ApiError(429, message, "insufficient_quota", "insufficient_quota")
+
+    def worst_case(self, request: RequestContext) -> float:
+        """Dollars the request can cost at most: the prompt estimated from the body, the
+        answer as long as `max_tokens` (or the model's longest), at the dearest deployment."""
+        group = request.group
+        if group is None:
+            return 0.0
+        entry = self._group_prices.get(id(group))
+        if entry is None or entry[0] is not group:
+            entry = self._group_price(group)
+        _, input_price, output_price, longest = entry
+        payload = request.payload
+        completion = payload.get("max_completion_tokens") or payload.get("max_tokens")
+        if type(completion) is not int or completion <= 0:
+            completion = longest if request.path != "/embeddings" else 0
+        prompt = len(request.raw) // 4 + 1
+        return (prompt * input_price + completion * output_price) / 1_000_000
+
+    def _group_price(self, group: ModelGroup) -> tuple[ModelGroup, float, float, int]:
+        input_price = output_price = 0.0
+        longest = 0
+        for deployment in group.deployments:
+            price = self.prices.get(deployment.model or group.name)
+            if price is not None:
+                input_price = max(input_price, price.input)
+                output_price = max(output_price, price.output)
+                longest = max(longest, price.max_output_tokens or 0)
+        entry = (group, input_price, output_price, longest or self.default_max_output)
+        if len(self._group_prices) > 1000:
+            self._group_prices.clear()
+        self._group_prices[id(group)] = entry
+        return entry
 
     def _known_spend(self, key: KeyRecord) -> float | None:
         """The period's spend when no query is due: the shared figure, asked at most once a
@@ -293,6 +366,14 @@ class Access:
         self._budget_cache[cache_key] = (committed, self.clock.monotonic() + 1.0)
         return committed
 
+    def cost(self, model: str, deployment: str | None, prompt: int, completion: int) -> float:
+        """Dollars for an answer: priced by the deployment's configured model first, then by
+        the model the upstream reported (date suffixes stripped)."""
+        configured = self._deployment_models.get(deployment) if deployment else None
+        if configured is not None and configured in self.prices:
+            model = configured
+        return cost_of(self.prices, model, prompt, completion)
+
     def settle(
         self,
         ticket: Ticket | None,
@@ -311,9 +392,13 @@ class Access:
                 ticket.lease, 0 if cached else prompt + completion if usage else None
             )
         if ticket.key is MASTER or not isinstance(usage, dict):
+            if ticket.hold is not None and self.budgets is not None:
+                self.budgets.settle(ticket.hold, 0.0)
             return
         now = self.clock.time()
-        cost = 0.0 if cached else cost_of(self.prices, model, prompt, completion)
+        cost = 0.0 if cached else self.cost(model, deployment, prompt, completion)
+        if ticket.hold is not None and self.budgets is not None:
+            self.budgets.settle(ticket.hold, cost)
         self.spend.record(
             (  # a SpendEvent's values: see `SpendRow`
                 f"{self._event_prefix}{next(self._event_ids):012x}",

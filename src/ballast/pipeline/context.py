@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ballast.config import ModelGroup
+from ballast.state.budgets import Hold
 from ballast.state.keys import KeyRecord
 from ballast.state.ratelimit import Lease
 
@@ -22,6 +23,7 @@ class Ticket:
     key: KeyRecord
     lease: Lease | None
     estimated_tokens: int
+    hold: Hold | None = None  # the budget reserved for its worst-case cost
 
 
 @dataclass(slots=True)

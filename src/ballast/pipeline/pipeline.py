@@ -302,4 +302,6 @@ class Pipeline:
             return
         ctx.settled = True
         if self.access is not None and ctx.ticket is not None:
+            if deployment is None and ctx.attempts is not None:
+                deployment = ctx.attempts.deployment  # the one that answered
             self.access.settle(ctx.ticket, model, usage, deployment)

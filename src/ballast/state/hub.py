@@ -9,6 +9,8 @@ from typing import Any
 
 from ballast.config import Settings
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.state.budget_ledger import Ledger, RedisLedger, SqlLedger
+from ballast.state.budgets import Budgets
 from ballast.state.db import Database
 from ballast.state.keys import KeyService
 from ballast.state.ratelimit import RateLimiter
@@ -34,6 +36,19 @@ class StateHub:
         self.spend = SpendRecorder(
             self.db, self.store, state.spend_journal, state.spend_flush_interval, clock
         )
+        divisor = settings.budgets.grant_divisor
+        ledger: Ledger = (
+            RedisLedger(self.store, clock, divisor, self.spend.key_spend)
+            if self.store is not None
+            else SqlLedger(self.db, clock, divisor)
+        )
+        self.budgets = Budgets(
+            ledger,
+            clock,
+            accept_for=settings.budgets.grant_accept_for,
+            # A grant's requests end within the request timeout; past it, it lapses.
+            expire_after=settings.budgets.grant_accept_for + settings.timeouts.request + 60.0,
+        )
 
     async def start(self) -> None:
         await self.db.upgrade()
@@ -42,6 +57,7 @@ class StateHub:
             log.warning("Redis is unreachable at start-up; serving with local fallbacks")
 
     async def close(self) -> None:
+        await self.budgets.close()
         await self.limiter.close()
         await self.spend.close()
         if self.store is not None:

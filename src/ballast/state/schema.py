@@ -88,3 +88,25 @@ jobs = sa.Table(
     sa.Index("ix_jobs_due", "status", "next_poll_at"),
     sa.Index("ix_jobs_key", "key_id", "created_at"),
 )
+
+# Budgets shared by every worker and instance (without Redis; see state/budget_ledger.py):
+# per key and period what was spent, born from `spend_totals`, and the grants reserved
+# against it, each lapsing at `expires_at` so a dead instance's grants free themselves.
+budget_ledger = sa.Table(
+    "budget_ledger",
+    metadata,
+    sa.Column("key_id", sa.String(40), primary_key=True),
+    sa.Column("period", sa.String(10), primary_key=True),
+    sa.Column("used", sa.Float, nullable=False, server_default="0"),
+)
+
+budget_reservations = sa.Table(
+    "budget_reservations",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("key_id", sa.String(40), nullable=False),
+    sa.Column("period", sa.String(10), nullable=False),
+    sa.Column("amount", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Index("ix_budget_reservations_key", "key_id", "period"),
+)

@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
@@ -77,8 +77,15 @@ def new_event_id() -> str:
     return uuid.uuid4().hex
 
 
+class _Prices(Protocol):
+    def get(self, model: str) -> ModelPrice | None: ...
+
+
 def cost_of(
-    prices: Mapping[str, ModelPrice], model: str, prompt_tokens: int, completion_tokens: int
+    prices: Mapping[str, ModelPrice] | _Prices,
+    model: str,
+    prompt_tokens: int,
+    completion_tokens: int,
 ) -> float:
     """Dollars for one response; prices are per million tokens. An unpriced model costs 0."""
     price = prices.get(model)
@@ -255,7 +262,11 @@ class SpendRecorder(FlushSide):
     async def _committed_total(self, kp: _KeyPeriod) -> float:
         """The database total; while the database is known down (or fails now), the last total
         read plus what this instance committed since."""
-        if self.failures == 0 or self.clock.monotonic() >= self.retry_at:
+        if (
+            self.failures == 0
+            or self.clock.monotonic() >= self.retry_at
+            or kp not in self._db_sums  # nothing to fall back on: ask anyway
+        ):
             base = self._committed.get(kp, 0.0)
             try:
                 async with self.db.connect() as connection:
