@@ -100,6 +100,14 @@ class Access:
             d.id: d.model for g in settings.models for d in g.deployments if d.model
         }
         self._group_prices: dict[int, tuple[ModelGroup, float, float, int]] = {}
+        # (group, deployment) of every deployment no price is known for: it costs $0.
+        self.unpriced = [
+            (g.name, d.id)
+            for g in settings.models
+            if not g.is_wildcard
+            for d in g.deployments
+            if (d.model or g.name) not in self.prices
+        ]
         self.enabled = self._master is not None
         # While open, whether a key exists is asked again at most this often (any worker or
         # instance may create the first one); once one exists, Ballast stays closed.
@@ -124,6 +132,14 @@ class Access:
         if not self.enabled:
             self.enabled = await self.keys.count() > 0
             self._open_until = self.clock.monotonic() + self.open_recheck
+        if self.unpriced and await self.keys.budgeted():
+            for group, deployment in self.unpriced:
+                log.warning(
+                    "deployment %s of model %s has no price: its answers cost $0 and no budget"
+                    " counts them (set `prices`)",
+                    deployment,
+                    group,
+                )
         if not self.enabled:
             log.warning(
                 "NO MASTER KEY AND NO API KEYS: Ballast is running OPEN; anyone who can reach "

@@ -179,6 +179,16 @@ class KeyService:
                 ).scalar_one()
             )
 
+    async def budgeted(self) -> int:
+        """How many usable keys have a budget."""
+        query = (
+            sa.select(sa.func.count())
+            .select_from(api_keys)
+            .where(api_keys.c.budget.is_not(None), api_keys.c.revoked.is_(False))
+        )
+        async with self.db.connect() as connection:
+            return int((await connection.execute(query)).scalar_one())
+
     async def revoke(self, key_id: str) -> bool:
         async with self.db.begin() as connection:
             result = await connection.execute(
