@@ -5,9 +5,10 @@ real cost (the difference is refunded).
 Reservations are drawn from grants of the shared ledger (`budget_ledger.py`): a grant of the
 ledger is held here and requests reserve from it without I/O while it has room. A grant
 stops taking requests once it is full, older than `accept_for`, or idle (no request in
-flight), and is then settled with what its requests really cost. Near the end of a budget
-every grant is one request's worst case, so no two instances can both spend the last of
-it; with a budget far from its end, an instance asks the ledger once per many requests."""
+flight for `idle_release`), and is then settled with what its requests really cost. Near
+the end of a budget every grant is one request's worst case, so no two instances can both
+spend the last of it; far from its end, an instance asks the ledger once per many
+requests."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 
-from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
 from ballast.state.budget_ledger import Ledger, LedgerUnavailable
 
 log = logging.getLogger("ballast.budgets")
@@ -37,6 +38,7 @@ class Grant:
     used: float = 0.0  # reserved by requests in flight plus what settled ones cost
     in_flight: int = 0
     open: bool = True
+    idle: Timer | None = None  # armed while no request is in flight
 
 
 @dataclass(slots=True)
@@ -55,11 +57,13 @@ class Budgets:
         clock: Clock = SYSTEM_CLOCK,
         accept_for: float = 30.0,
         expire_after: float = 660.0,
+        idle_release: float = 1.0,
     ) -> None:
         self.ledger = ledger
         self.clock = clock
         self.accept_for = accept_for
         self.expire_after = expire_after  # a dead instance's grants lapse after this
+        self.idle_release = idle_release
         self._grants: dict[tuple[str, str], Grant] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._prefix = uuid.uuid4().hex[:12] + "-"
@@ -79,6 +83,9 @@ class Budgets:
             return None
         grant.used += amount
         grant.in_flight += 1
+        if grant.idle is not None:
+            grant.idle.cancel()
+            grant.idle = None
         return Hold(grant, amount)
 
     async def reserve(self, key_id: str, period: str, budget: float, amount: float) -> Hold:
@@ -97,7 +104,11 @@ class Budgets:
                 return hold
             old = self._grants.pop(slot, None)
             if old is not None:
-                self._close(old)
+                if old.in_flight == 0:  # settled first: what it gives back may be needed now
+                    self._close(old, settle=False)
+                    await self._settle(old)
+                else:
+                    self._close(old)
             grant_id = f"{self._prefix}{next(self._ids):x}"
             self.grants += 1
             granted = await self.ledger.grant(
@@ -122,15 +133,28 @@ class Budgets:
         grant.used += max(0.0, cost) - hold.amount
         grant.in_flight -= 1
         if grant.in_flight == 0:
-            # Idle: hand what is left back, so other instances (and the stale check of a
-            # budget with room left) see it at once.
-            if self._grants.get((grant.key_id, grant.period)) is grant:
-                del self._grants[(grant.key_id, grant.period)]
-            self._close(grant)
+            if not grant.open:
+                self._close(grant)  # replaced meanwhile: nothing more will use it
+            elif grant.idle is None:
+                # Idle: unless another request comes soon, hand what is left back, so other
+                # workers and instances can use it (no budget refused for a reservation
+                # nobody holds). Not at once: a busy key would ask the ledger every time.
+                grant.idle = self.clock.call_later(self.idle_release, lambda: self._idle(grant))
 
-    def _close(self, grant: Grant) -> None:
+    def _idle(self, grant: Grant) -> None:
+        grant.idle = None
+        if grant.in_flight or not grant.open:
+            return
+        if self._grants.get((grant.key_id, grant.period)) is grant:
+            del self._grants[(grant.key_id, grant.period)]
+        self._close(grant)
+
+    def _close(self, grant: Grant, settle: bool = True) -> None:
         grant.open = False
-        if grant.in_flight == 0:
+        if grant.idle is not None:
+            grant.idle.cancel()
+            grant.idle = None
+        if settle and grant.in_flight == 0:
             task = asyncio.get_running_loop().create_task(self._settle(grant))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

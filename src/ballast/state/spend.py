@@ -48,6 +48,7 @@ from ballast.state.schema import spend_totals
 from ballast.state.spend_buffer import EventBuffer, SpendEvent, SpendRow, _KeyPeriod
 from ballast.state.spend_flush import COUNTER_PREFIX, FlushSide, _brief, counter_name
 from ballast.state.spend_journal import _add
+from ballast.state.spend_wal import WriteAheadLog, remove
 from ballast.state.store import RedisStore, StoreUnavailable
 
 __all__ = [
@@ -147,6 +148,8 @@ class SpendRecorder(FlushSide):
         self._db_sums: dict[_KeyPeriod, tuple[float, float]] = {}
         self._stale_counters: set[str] = set()
         self._flush_lock = asyncio.Lock()
+        self._wal = WriteAheadLog(self.journal)
+        self._wal_segments: list[Path] = []  # closed segments of events still in memory
         self._journal_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._attempt: asyncio.Task[None] | None = None
@@ -167,7 +170,11 @@ class SpendRecorder(FlushSide):
             return
         self.journal.parent.mkdir(parents=True, exist_ok=True)
         async with self._journal_lock:
+            adopted = await asyncio.to_thread(self._adopt_wal_leftovers)
+            if adopted:
+                log.warning("spend: %d events of a process that died; replaying", adopted)
             leftovers = await asyncio.to_thread(self._read_all_journals)
+            self._wal.open()
         for event in leftovers:
             _add(self._journal_totals, event)
         if leftovers:
@@ -192,7 +199,10 @@ class SpendRecorder(FlushSide):
             with contextlib.suppress(Exception):
                 await attempt
         await self.flush()
-        if self._pending or self._inflight:  # the journal failed too: say so, loudly
+        if not (self._pending or self._inflight):
+            self._wal.close()
+            remove(self._take_segments())
+        else:  # the journal failed too: say so, loudly
             log.error(
                 "spend: %d events could be written neither to the database nor to the journal",
                 len(self._pending) + len(self._inflight),
@@ -203,7 +213,7 @@ class SpendRecorder(FlushSide):
     def record(self, event: SpendEvent | SpendRow) -> None:
         """Buffer one event (sync, O(1), never raises)."""
         try:
-            self._pending.add(event)
+            self._wal.write(self._pending.add(event))  # the kernel holds it from here on
         except Exception:  # pragma: no cover - an encoding and a dict update
             log.exception("spend: could not buffer an event")
 
