@@ -373,6 +373,10 @@ class StateSettings(_Strict):
     )
     spend_flush_interval: float = Field(1.0, gt=0)
     spend_journal: str = "ballast-spend.journal"
+    shared_limits: bool = Field(
+        True,
+        description="the workers of one machine share rate limits (a file next to the journal)",
+    )
     cache_prefix: str = Field("ballast:cache:", description="Redis key prefix of the cache")
     cache_local_bytes: int = Field(
         64 * 1024 * 1024, ge=0, description="in-process response cache size without Redis"

@@ -5,6 +5,7 @@ opens and every use takes its local fallback until a probe finds it healthy."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from ballast.config import Settings
@@ -14,6 +15,7 @@ from ballast.state.budgets import Budgets
 from ballast.state.db import Database
 from ballast.state.keys import KeyService
 from ballast.state.ratelimit import RateLimiter
+from ballast.state.ratelimit_shm import SharedWindows
 from ballast.state.spend import SpendRecorder
 from ballast.state.store import RedisStore
 
@@ -32,6 +34,7 @@ class StateHub:
             instances=state.instances,
             clock=clock,
             release_delay=state.ratelimit_release_delay,
+            shared=_shared_windows(state.spend_journal) if state.shared_limits else None,
         )
         self.spend = SpendRecorder(
             self.db, self.store, state.spend_journal, state.spend_flush_interval, clock
@@ -70,3 +73,13 @@ class StateHub:
             "redis": redis,
             "database": {"configured": True, "url_kind": self.db.url.split(":")[0]},
         }
+
+
+def _shared_windows(journal: str) -> SharedWindows | None:
+    """The machine's rate-limit windows, beside the spend journal (one per deployment
+    directory); None where a file cannot be mapped (limits are then per process)."""
+    try:
+        return SharedWindows(Path(journal + ".limits"))
+    except OSError as exc:
+        log.warning("rate limits are per worker: cannot map their shared file (%s)", exc)
+        return None
