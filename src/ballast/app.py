@@ -167,6 +167,7 @@ class BallastApp:
             self.state.spend,
             self.clock,
             self.state.budgets,
+            self.state.teams,
         )
         await access.start()
         self.pipeline.access = access

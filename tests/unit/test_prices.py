@@ -9,6 +9,7 @@ import pytest
 
 from ballast.config import ModelPrice, parse_settings
 from ballast.pipeline.access import Access
+from ballast.pipeline.pricing import Pricing
 from ballast.state.db import Database
 from ballast.state.keys import KeyService
 from ballast.state.prices import BUILT_IN, PriceBook, undated
@@ -50,11 +51,11 @@ def test_an_answer_is_priced_by_the_deployments_model_first() -> None:
             ],
         }
     )
-    access = Access(settings, None, None, None)  # type: ignore[arg-type]
+    pricing = Pricing(settings)
     # The upstream reports a name no price knows: the deployment's configured model prices it.
-    assert access.cost("whatever-it-says", "a", 1_000_000, 0) == 1.0
-    assert access.cost("whatever-it-says", None, 1_000_000, 0) == 0.0
-    assert access.cost("mine-2025-01-01", None, 0, 1_000_000) == 1.0
+    assert pricing.cost("whatever-it-says", "a", 1_000_000, 0) == 1.0
+    assert pricing.cost("whatever-it-says", None, 1_000_000, 0) == 0.0
+    assert pricing.cost("mine-2025-01-01", None, 0, 1_000_000) == 1.0
 
 
 async def test_unpriced_deployments_are_named_at_start_up_when_a_budget_is_set(
@@ -75,7 +76,7 @@ async def test_unpriced_deployments_are_named_at_start_up_when_a_budget_is_set(
         await db.upgrade()
         keys = KeyService(db)
         access = Access(settings, keys, None, None)  # type: ignore[arg-type]
-        assert access.unpriced == [("free", "b")]
+        assert access.pricing.unpriced == [("free", "b")]
         await access.start()
         assert "has no price" not in caplog.text  # no budget: nothing to warn about
         await keys.create("k", budget=1.0)

@@ -1,13 +1,21 @@
-"""`/admin/keys`: create, list and revoke virtual keys, and read a key's spend (master key)."""
+"""`/admin/keys` and `/admin/teams` (master key): create, update, rotate, list (with limits
+and spend) and revoke virtual keys; teams of keys sharing a budget and limits."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import orjson
 
+from ballast.api.key_fields import (
+    MAX_TIME,
+    TEAM_FIELDS,
+    key_changes,
+    key_options,
+    team_options,
+    text_field,
+)
 from ballast.pipeline.asgi import JSON, Receive, Scope, Send, read_body, send_bytes
 from ballast.pipeline.errors import ApiError, bad_request
 from ballast.state.hub import StateHub
@@ -15,57 +23,6 @@ from ballast.state.spend import SpendUnavailable, period_of
 
 if TYPE_CHECKING:
     from ballast.api.admin import Admin
-
-_INT_FIELDS = ("rpm", "tpm", "max_parallel", "max_concurrent_jobs")
-MAX_INT = 2**31 - 1  # the INTEGER columns: PostgreSQL's int4 is the narrowest
-MAX_BUDGET = 1e12  # dollars; also keeps sums of spend far from float trouble
-MAX_TIME = 253_402_300_799.0  # 9999-12-31T23:59:59Z
-MAX_NAME = 200  # the name and model columns
-MAX_MODELS = 1000
-
-
-def text_field(value: Any, field: str, max_length: int = MAX_NAME) -> str:
-    """A string the database can store (no NUL, bounded), or a 400 naming the field."""
-    if not isinstance(value, str) or not value.strip():
-        raise bad_request(f"'{field}' must be a non-empty string.", field)
-    if "\x00" in value:
-        raise bad_request(f"'{field}' must not contain a NUL character.", field)
-    if len(value) > max_length:
-        raise bad_request(f"'{field}' must be at most {max_length} characters.", field)
-    return value
-
-
-def key_options(data: dict[str, Any]) -> dict[str, Any]:
-    """Validated attributes for a new key; a 400 names the first bad one."""
-    options: dict[str, Any] = {"name": text_field(data.get("name"), "name").strip()}
-    models = data.get("models")
-    if models is not None:
-        if not isinstance(models, list) or len(models) > MAX_MODELS:
-            raise bad_request(
-                f"'models' must be a list of at most {MAX_MODELS} model names.", "models"
-            )
-        options["models"] = [text_field(m, "models") for m in models]
-    for field in _INT_FIELDS:
-        value = data.get(field)
-        if value is not None:
-            if type(value) is not int or not 1 <= value <= MAX_INT:  # bool is not a count
-                raise bad_request(f"'{field}' must be an integer from 1 to {MAX_INT}.", field)
-            options[field] = value
-    for field, highest in (("budget", MAX_BUDGET), ("expires_at", MAX_TIME)):
-        value = data.get(field)
-        if value is not None:
-            if (
-                type(value) not in (int, float)
-                or not math.isfinite(value)
-                or not 0 <= value <= highest
-            ):
-                raise bad_request(f"'{field}' must be a number from 0 to {highest:.0f}.", field)
-            options[field] = float(value)
-    period = data.get("budget_period", "month")
-    if period not in ("day", "month", "total"):
-        raise bad_request("'budget_period' must be day, month or total.", "budget_period")
-    options["budget_period"] = period
-    return options
 
 
 class KeysAdmin:
@@ -78,6 +35,11 @@ class KeysAdmin:
         admin.add("POST", "/admin/keys", self.create, write=True)
         admin.add("POST", "/admin/keys/revoke", self.revoke, write=True)
         admin.add("GET", "/admin/keys/spend", self.spend, write=True)
+        admin.add("POST", "/admin/keys/update", self.update, write=True)
+        admin.add("POST", "/admin/keys/rotate", self.rotate, write=True)
+        admin.add("GET", "/admin/teams", self.list_teams, write=True)
+        admin.add("POST", "/admin/teams", self.create_team, write=True)
+        admin.add("POST", "/admin/teams/update", self.update_team, write=True)
 
     async def _json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
         body = await read_body(scope, receive, self.max_body_bytes)
@@ -90,12 +52,30 @@ class KeysAdmin:
         return data
 
     async def list_keys(self, scope: Scope, receive: Receive, send: Send) -> None:
-        records = await self.hub.keys.list()
-        body = orjson.dumps({"object": "list", "data": [r.public() for r in records]})
-        await send_bytes(send, 200, [JSON], body)
+        """Every key with its limits and its spend in the current budget period."""
+        now = self.hub.clock.time()
+        data = []
+        for record in await self.hub.keys.list():
+            period = period_of(record.budget_period, now)
+            data.append(
+                {**record.public(), "period": period, "spend": await self._spent(record.id, period)}
+            )
+        await send_bytes(send, 200, [JSON], orjson.dumps({"object": "list", "data": data}))
+
+    async def _spent(self, key_id: str, period: str) -> float | None:
+        try:
+            return await self.hub.spend.key_spend(key_id, period)
+        except SpendUnavailable:
+            return None
+
+    async def _check_team(self, options: dict[str, Any]) -> None:
+        team_id = options.get("team_id")
+        if team_id is not None and await self.hub.teams.get(team_id) is None:
+            raise bad_request(f"No team with id {team_id[:80]}.", "team_id")
 
     async def create(self, scope: Scope, receive: Receive, send: Send) -> None:
         options = key_options(await self._json(scope, receive))
+        await self._check_team(options)
         plaintext, record = await self.hub.keys.create(**options)
         body = orjson.dumps({"key": plaintext, **record.public()})
         await send_bytes(send, 201, [JSON], body)
@@ -128,3 +108,58 @@ class KeysAdmin:
             {"id": record.id, "period": period, "spend": total, "budget": record.budget}
         )
         await send_bytes(send, 200, [JSON], body)
+
+    async def update(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Change a key's limits, budget, models, expiry or team: the fields given only."""
+        data = await self._json(scope, receive)
+        key_id = text_field(data.get("id"), "id")
+        changes = key_changes(data)
+        await self._check_team(changes)
+        record = await self.hub.keys.update(key_id, changes)
+        if record is None:
+            raise ApiError(404, f"No key with id {key_id[:80]}.", code="key_not_found")
+        await send_bytes(send, 200, [JSON], orjson.dumps(record.public()))
+
+    async def rotate(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A new value for a key; the old one keeps working for `grace_seconds`."""
+        data = await self._json(scope, receive)
+        key_id = text_field(data.get("id"), "id")
+        grace = data.get("grace_seconds", 0)
+        if type(grace) not in (int, float) or not 0 <= grace <= MAX_TIME / 100:
+            raise bad_request(
+                "'grace_seconds' must be a number of seconds, 0 or more.", "grace_seconds"
+            )
+        rotated = await self.hub.keys.rotate(key_id, float(grace))
+        if rotated is None:
+            raise ApiError(404, f"No usable key with id {key_id[:80]}.", code="key_not_found")
+        plaintext, record = rotated
+        await send_bytes(send, 200, [JSON], orjson.dumps({"key": plaintext, **record.public()}))
+
+    async def list_teams(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Every team with its limits, its keys and their spend in its budget period."""
+        now = self.hub.clock.time()
+        data = []
+        for team in await self.hub.teams.list():
+            period = period_of(team.budget_period, now)
+            data.append(
+                {
+                    **team.public(),
+                    "period": period,
+                    "spend": await self.hub.teams.spend(team.id, period),
+                    "keys": list(await self.hub.teams.keys(team.id)),
+                }
+            )
+        await send_bytes(send, 200, [JSON], orjson.dumps({"object": "list", "data": data}))
+
+    async def create_team(self, scope: Scope, receive: Receive, send: Send) -> None:
+        team = await self.hub.teams.create(**team_options(await self._json(scope, receive)))
+        await send_bytes(send, 201, [JSON], orjson.dumps(team.public()))
+
+    async def update_team(self, scope: Scope, receive: Receive, send: Send) -> None:
+        data = await self._json(scope, receive)
+        team_id = text_field(data.get("id"), "id")
+        changes = key_changes(data, TEAM_FIELDS)
+        if await self.hub.teams.get(team_id) is None:
+            raise ApiError(404, f"No team with id {team_id[:80]}.", code="team_not_found")
+        team = await self.hub.teams.update(team_id, changes)
+        await send_bytes(send, 200, [JSON], orjson.dumps(team.public() if team else None))

@@ -11,17 +11,18 @@ import math
 import uuid
 from typing import Any
 
-from ballast.config import ModelGroup, Settings
+from ballast.config import Settings
 from ballast.pipeline.asgi import Scope, header
+from ballast.pipeline.budget_gate import BudgetGate
 from ballast.pipeline.context import RequestContext, Ticket
 from ballast.pipeline.errors import ApiError
+from ballast.pipeline.pricing import Pricing
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
-from ballast.state.budget_ledger import LedgerUnavailable
-from ballast.state.budgets import BudgetExceeded, Budgets, Hold
+from ballast.state.budgets import Budgets, Hold
 from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
-from ballast.state.prices import PriceBook
-from ballast.state.ratelimit import Limits, RateLimited, RateLimiter
-from ballast.state.spend import SpendRecorder, cost_of, period_of
+from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter
+from ballast.state.spend import SpendRecorder, period_of
+from ballast.state.teams import Team, TeamService
 
 log = logging.getLogger("ballast.access")
 
@@ -85,6 +86,7 @@ class Access:
         spend: SpendRecorder,
         clock: Clock = SYSTEM_CLOCK,
         budgets: Budgets | None = None,
+        teams: TeamService | None = None,
     ) -> None:
         master = settings.server.master_key
         self._master = master.get_secret_value().encode() if master is not None else None
@@ -92,30 +94,16 @@ class Access:
         self.limiter = limiter
         self.spend = spend
         self.clock = clock
-        self.prices = PriceBook(settings.prices, settings.budgets.built_in_prices)
+        self.pricing = Pricing(settings)
         self.budgets = budgets
-        self.default_max_output = settings.budgets.default_max_output_tokens
-        # Deployment id -> the model it is configured for: a price is looked up by that first.
-        self._deployment_models = {
-            d.id: d.model for g in settings.models for d in g.deployments if d.model
-        }
-        self._group_prices: dict[int, tuple[ModelGroup, float, float, int]] = {}
-        # (group, deployment) of every deployment no price is known for: it costs $0.
-        self.unpriced = [
-            (g.name, d.id)
-            for g in settings.models
-            if not g.is_wildcard
-            for d in g.deployments
-            if (d.model or g.name) not in self.prices
-        ]
+        self.teams = teams
+        self.gate = BudgetGate(budgets, self.pricing, spend, clock)
         self.enabled = self._master is not None
         # While open, whether a key exists is asked again at most this often (any worker or
         # instance may create the first one); once one exists, Ballast stays closed.
         self.open_recheck = 1.0
         self._open_until = 0.0
         self._open_check: asyncio.Future[bool] | None = None
-        self._budget_cache: dict[tuple[str, str], tuple[float, float]] = {}
-        self._refreshing: dict[tuple[str, str], asyncio.Future[float]] = {}
         # Spend event ids: unique across processes and restarts (a random prefix per
         # process) without a random draw per request; zero-padded, so one process's ids
         # sort in order and land at the end of the primary key's index.
@@ -132,8 +120,8 @@ class Access:
         if not self.enabled:
             self.enabled = await self.keys.count() > 0
             self._open_until = self.clock.monotonic() + self.open_recheck
-        if self.unpriced and await self.keys.budgeted():
-            for group, deployment in self.unpriced:
+        if self.pricing.unpriced and await self.keys.budgeted():
+            for group, deployment in self.pricing.unpriced:
                 log.warning(
                     "deployment %s of model %s has no price: its answers cost $0 and no budget"
                     " counts them (set `prices`)",
@@ -251,144 +239,49 @@ class Access:
                     "model",
                 )
             request.allowed_models = key.models  # fallbacks are held to it too (routing)
-        hold = await self._reserve(key, request) if key.budget is not None else None
+        team = await self._team(key) if key.team_id is not None else None
+        holds = await self.gate.reserve(key, team, request)
         estimated = estimate_tokens(request)
-        lease = None
-        if key.rpm is not None or key.tpm is not None or key.max_parallel is not None:
-            limits = Limits(key.id, key.rpm, key.tpm, key.max_parallel)
-            try:
-                lease = self.limiter.acquire_now(limits, estimated)
-                if lease is None:
-                    lease = await self.limiter.acquire_shared(limits, estimated)
-            except RateLimited as limited:
-                if hold is not None and self.budgets is not None:
-                    self.budgets.settle(hold, 0.0)
-                retry = str(max(1, round(limited.retry_after))).encode()
-                raise ApiError(
-                    429,
-                    f"Rate limit reached for {limited.reason} on this key.",
-                    "rate_limit_error",
-                    "rate_limit_exceeded",
-                    headers=((b"retry-after", retry), *limited.headers),
-                ) from None
-            except BaseException:
-                if hold is not None and self.budgets is not None:
-                    self.budgets.settle(hold, 0.0)
-                raise
-        return Ticket(key, lease, estimated, hold)
-
-    async def _reserve(self, key: KeyRecord, request: RequestContext) -> Hold | None:
-        """The request's worst-case cost, reserved against the key's budget (shared by every
-        worker and instance); 429 `insufficient_quota` when it does not fit. While the
-        shared ledger cannot be asked, the budget is checked against the known spend."""
-        assert key.budget is not None
-        period = period_of(key.budget_period, self.clock.time())
-        if self.budgets is not None:
-            worst = self.worst_case(request)
-            hold = self.budgets.reserve_now(key.id, period, worst)
-            if hold is not None:
-                return hold
-            try:
-                return await self.budgets.reserve(key.id, period, key.budget, worst)
-            except BudgetExceeded:
-                raise self._over_budget(key, True) from None
-            except LedgerUnavailable:
-                log.warning("budget ledger unavailable; checking the known spend instead")
-        spent = self._known_spend(key)
-        if spent is None:
-            spent = await self._spent(key)
-        if spent >= key.budget:
-            raise self._over_budget(key, False)
-        return None
-
-    @staticmethod
-    def _over_budget(key: KeyRecord, reserved: bool) -> ApiError:
-        message = f"This key has used its {key.budget_period} budget."
-        if reserved:
-            message = (
-                f"This request's worst-case cost does not fit in what is left of this key's "
-                f"{key.budget_period} budget (lower max_tokens, or wait for requests in flight)."
-            )
-        return ApiError(429, message, "insufficient_quota", "insufficient_quota")
-
-    def worst_case(self, request: RequestContext) -> float:
-        """Dollars the request can cost at most: the prompt estimated from the body, the
-        answer as long as `max_tokens` (or the model's longest), at the dearest deployment."""
-        group = request.group
-        if group is None:
-            return 0.0
-        entry = self._group_prices.get(id(group))
-        if entry is None or entry[0] is not group:
-            entry = self._group_price(group)
-        _, input_price, output_price, longest = entry
-        payload = request.payload
-        completion = payload.get("max_completion_tokens") or payload.get("max_tokens")
-        if type(completion) is not int or completion <= 0:
-            completion = longest if request.path != "/embeddings" else 0
-        prompt = len(request.raw) // 4 + 1
-        return (prompt * input_price + completion * output_price) / 1_000_000
-
-    def _group_price(self, group: ModelGroup) -> tuple[ModelGroup, float, float, int]:
-        input_price = output_price = 0.0
-        longest = 0
-        for deployment in group.deployments:
-            price = self.prices.get(deployment.model or group.name)
-            if price is not None:
-                input_price = max(input_price, price.input)
-                output_price = max(output_price, price.output)
-                longest = max(longest, price.max_output_tokens or 0)
-        entry = (group, input_price, output_price, longest or self.default_max_output)
-        if len(self._group_prices) > 1000:
-            self._group_prices.clear()
-        self._group_prices[id(group)] = entry
-        return entry
-
-    def _known_spend(self, key: KeyRecord) -> float | None:
-        """The period's spend when no query is due: the shared figure, asked at most once a
-        second per key, plus what this instance has not flushed yet. While the figure is
-        being asked, requests use the old one (one query, not one per request)."""
-        period = period_of(key.budget_period, self.clock.time())
-        cache_key = (key.id, period)
-        cached = self._budget_cache.get(cache_key)
-        if cached is None:
-            return None
-        if cached[1] > self.clock.monotonic() or cache_key in self._refreshing:
-            return cached[0] + self.spend.unflushed(key.id, period)
-        return None
-
-    async def _spent(self, key: KeyRecord) -> float:
-        """The period's spend when `_known_spend` has none: the request that finds the
-        shared figure old or unknown waits for a fresh one."""
-        period = period_of(key.budget_period, self.clock.time())
-        cache_key = (key.id, period)
-        refresh = self._refreshing.get(cache_key)
-        if refresh is None:
-            # A task of its own: a request that goes away must not cancel it for the others.
-            refresh = asyncio.get_running_loop().create_task(self._refresh(cache_key))
-            self._refreshing[cache_key] = refresh
-            refresh.add_done_callback(lambda _: self._refreshing.pop(cache_key, None))
-        return await asyncio.shield(refresh) + self.spend.unflushed(key.id, period)
-
-    async def _refresh(self, cache_key: tuple[str, str]) -> float:
-        """The committed spend of (key, period), cached for a second."""
-        key_id, period = cache_key
-        unflushed = self.spend.unflushed(key_id, period)  # what key_spend adds on top
+        lease = team_lease = None
         try:
-            committed = await self.spend.key_spend(key_id, period) - unflushed
-        except Exception:
-            log.warning("spend unavailable for a budget check; using the last known figure")
-            cached = self._budget_cache.get(cache_key)
-            return cached[0] if cached else 0.0
-        self._budget_cache[cache_key] = (committed, self.clock.monotonic() + 1.0)
-        return committed
+            if key.rpm is not None or key.tpm is not None or key.max_parallel is not None:
+                lease = await self._limit(
+                    Limits(key.id, key.rpm, key.tpm, key.max_parallel), estimated, "key"
+                )
+            if team is not None and (team.rpm or team.tpm or team.max_parallel):
+                team_lease = await self._limit(
+                    Limits(team.id, team.rpm, team.tpm, team.max_parallel), estimated, "team"
+                )
+        except BaseException:
+            self._give_back(holds, lease)
+            raise
+        return Ticket(key, lease, estimated, holds, team_lease)
 
-    def cost(self, model: str, deployment: str | None, prompt: int, completion: int) -> float:
-        """Dollars for an answer: priced by the deployment's configured model first, then by
-        the model the upstream reported (date suffixes stripped)."""
-        configured = self._deployment_models.get(deployment) if deployment else None
-        if configured is not None and configured in self.prices:
-            model = configured
-        return cost_of(self.prices, model, prompt, completion)
+    async def _team(self, key: KeyRecord) -> Team | None:
+        assert key.team_id is not None
+        return await self.teams.lookup(key.team_id) if self.teams is not None else None
+
+    async def _limit(self, limits: Limits, estimated: int, whose: str) -> Lease:
+        try:
+            lease = self.limiter.acquire_now(limits, estimated)
+            if lease is None:
+                lease = await self.limiter.acquire_shared(limits, estimated)
+            return lease
+        except RateLimited as limited:
+            retry = str(max(1, round(limited.retry_after))).encode()
+            raise ApiError(
+                429,
+                f"Rate limit reached for {limited.reason} on this {whose}.",
+                "rate_limit_error",
+                "rate_limit_exceeded",
+                headers=((b"retry-after", retry), *limited.headers),
+            ) from None
+
+    def _give_back(self, holds: tuple[Hold, ...], lease: Lease | None) -> None:
+        """A request refused after something was reserved for it."""
+        self.gate.give_back(holds)
+        if lease is not None:
+            self.limiter.release_soon(lease, 0)
 
     def settle(
         self,
@@ -402,19 +295,20 @@ class Access:
         if ticket is None:
             return
         prompt, completion = token_counts(usage)
+        # A cached answer used no upstream tokens: it does not count against TPM.
+        tokens = 0 if cached else prompt + completion if usage else None
         if ticket.lease is not None:
-            # A cached answer used no upstream tokens: it does not count against TPM.
-            self.limiter.release_soon(
-                ticket.lease, 0 if cached else prompt + completion if usage else None
-            )
+            self.limiter.release_soon(ticket.lease, tokens)
+        if ticket.team_lease is not None:
+            self.limiter.release_soon(ticket.team_lease, tokens)
         if ticket.key is MASTER or not isinstance(usage, dict):
-            if ticket.hold is not None and self.budgets is not None:
-                self.budgets.settle(ticket.hold, 0.0)
+            self._give_back(ticket.holds, None)
             return
         now = self.clock.time()
-        cost = 0.0 if cached else self.cost(model, deployment, prompt, completion)
-        if ticket.hold is not None and self.budgets is not None:
-            self.budgets.settle(ticket.hold, cost)
+        cost = 0.0 if cached else self.pricing.cost(model, deployment, prompt, completion)
+        if self.budgets is not None:
+            for hold in ticket.holds:
+                self.budgets.settle(hold, cost)
         self.spend.record(
             (  # a SpendEvent's values: see `SpendRow`
                 f"{self._event_prefix}{next(self._event_ids):012x}",

@@ -23,7 +23,8 @@ class Ticket:
     key: KeyRecord
     lease: Lease | None
     estimated_tokens: int
-    hold: Hold | None = None  # the budget reserved for its worst-case cost
+    holds: tuple[Hold, ...] = ()  # its worst-case cost, reserved against each budget
+    team_lease: Lease | None = None  # the team's limits, when the key is in one
 
 
 @dataclass(slots=True)

@@ -18,6 +18,7 @@ from ballast.state.ratelimit import RateLimiter
 from ballast.state.ratelimit_shm import SharedWindows
 from ballast.state.spend import SpendRecorder
 from ballast.state.store import RedisStore
+from ballast.state.teams import TeamService
 
 log = logging.getLogger("ballast.state")
 
@@ -29,6 +30,7 @@ class StateHub:
         self.db = Database(state.database_url, timeout=state.database_timeout)
         self.store = RedisStore(state.redis_url, state, clock) if state.redis_url else None
         self.keys = KeyService(self.db, self.store, clock, cache_ttl=state.key_cache_ttl)
+        self.teams = TeamService(self.db, clock)
         self.limiter = RateLimiter(
             self.store,
             instances=state.instances,

@@ -22,6 +22,25 @@ api_keys = sa.Table(
     sa.Column("max_concurrent_jobs", sa.Integer, nullable=True),
     sa.Column("revoked", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("created_at", sa.Float, nullable=False),
+    # A rotated key's old hash still authenticates until `previous_until` (a grace period).
+    sa.Column("previous_hash", sa.String(64), nullable=True, index=True),
+    sa.Column("previous_until", sa.Float, nullable=True),
+    sa.Column("team_id", sa.String(40), nullable=True, index=True),
+    sa.Column("model_budgets", sa.Text, nullable=True),  # JSON {model: dollars per period}
+)
+
+# A named group of keys sharing a budget and limits.
+teams = sa.Table(
+    "teams",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("rpm", sa.Integer, nullable=True),
+    sa.Column("tpm", sa.Integer, nullable=True),
+    sa.Column("max_parallel", sa.Integer, nullable=True),
+    sa.Column("budget", sa.Float, nullable=True),
+    sa.Column("budget_period", sa.String(10), nullable=False, server_default="month"),
+    sa.Column("created_at", sa.Float, nullable=False),
 )
 
 spend_events = sa.Table(
