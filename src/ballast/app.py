@@ -177,6 +177,8 @@ class BallastApp:
         self.pipeline.cache = build_cache(self.settings, self.state.store, self.clock)
         await self.router.start()
         self.observer.metrics.deployments(self.router.targets)
+        for deployment in access.unpriced_with_budgets:
+            self.observer.metrics.unpriced.labels(deployment).set(1.0)
         self.observer.metrics.start()
         self.reloader.install_signal_handler()
         self.ready = True

@@ -83,5 +83,6 @@ async def test_unpriced_deployments_are_named_at_start_up_when_a_budget_is_set(
         await access.start()
         assert "deployment b of model free has no price" in caplog.text
         assert "deployment a " not in caplog.text and "deployment c " not in caplog.text
+        assert access.unpriced_with_budgets == ["b"]  # the gauge's series
     finally:
         await db.close()

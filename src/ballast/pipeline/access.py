@@ -98,6 +98,7 @@ class Access:
         self.budgets = budgets
         self.teams = teams
         self.gate = BudgetGate(budgets, self.pricing, spend, clock)
+        self.unpriced_with_budgets: list[str] = []  # deployment ids, found at start-up
         self.enabled = self._master is not None
         # While open, whether a key exists is asked again at most this often (any worker or
         # instance may create the first one); once one exists, Ballast stays closed.
@@ -121,6 +122,7 @@ class Access:
             self.enabled = await self.keys.count() > 0
             self._open_until = self.clock.monotonic() + self.open_recheck
         if self.pricing.unpriced and await self.keys.budgeted():
+            self.unpriced_with_budgets = [d for _, d in self.pricing.unpriced]
             for group, deployment in self.pricing.unpriced:
                 log.warning(
                     "deployment %s of model %s has no price: its answers cost $0 and no budget"
