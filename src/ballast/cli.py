@@ -95,6 +95,7 @@ def serve(
     settings = _load_or_exit(config)
     prepare_serve(log_level, log_format, workers)
     os.environ["BALLAST_CONFIG"] = str(config.resolve())
+    os.environ["BALLAST_WORKERS"] = str(workers)  # workers share rate limits when several
     # uvicorn re-raises SIGTERM/SIGINT once its graceful shutdown is over; by then everything
     # has been flushed, so the re-raised signal ends the command normally (exit 0).
     for stop_signal in (signal.SIGTERM, signal.SIGINT):

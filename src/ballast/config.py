@@ -375,7 +375,7 @@ class StateSettings(_Strict):
     spend_journal: str = "ballast-spend.journal"
     shared_limits: bool = Field(
         True,
-        description="the workers of one machine share rate limits (a file next to the journal)",
+        description="`serve --workers N` shares rate limits (a file next to the journal)",
     )
     cache_prefix: str = Field("ballast:cache:", description="Redis key prefix of the cache")
     cache_local_bytes: int = Field(

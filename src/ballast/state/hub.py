@@ -5,10 +5,11 @@ opens and every use takes its local fallback until a probe finds it healthy."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
-from ballast.config import Settings
+from ballast.config import Settings, StateSettings
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.budget_ledger import Ledger, RedisLedger, SqlLedger
 from ballast.state.budgets import Budgets
@@ -36,7 +37,7 @@ class StateHub:
             instances=state.instances,
             clock=clock,
             release_delay=state.ratelimit_release_delay,
-            shared=_shared_windows(state.spend_journal) if state.shared_limits else None,
+            shared=_shared_windows(state.spend_journal) if _several_workers(state) else None,
         )
         self.spend = SpendRecorder(
             self.db, self.store, state.spend_journal, state.spend_flush_interval, clock
@@ -85,3 +86,12 @@ def _shared_windows(journal: str) -> SharedWindows | None:
     except OSError as exc:
         log.warning("rate limits are per worker: cannot map their shared file (%s)", exc)
         return None
+
+
+def _several_workers(state: StateSettings) -> bool:
+    """Whether this process is one of several `ballast serve` workers (set by the command
+    before it starts them): one alone needs no shared windows, and skips their cost."""
+    if not state.shared_limits:
+        return False
+    workers = os.environ.get("BALLAST_WORKERS", "1")
+    return workers.isdigit() and int(workers) > 1
