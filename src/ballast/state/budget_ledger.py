@@ -48,10 +48,18 @@ class SqlLedger:
     """Without Redis: two small tables. A grant is one write transaction (SQLite takes its
     write lock first; PostgreSQL locks the key's ledger row), so grants never race."""
 
-    def __init__(self, db: Database, clock: Clock, divisor: float) -> None:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        divisor: float,
+        unflushed: Callable[[str, str], float] | None = None,
+    ) -> None:
         self.db = db
         self.clock = clock
         self.divisor = divisor
+        # Spend recorded here but not yet in `spend_totals`: a ledger row born now counts it.
+        self.unflushed = unflushed
 
     async def grant(
         self, key_id: str, period: str, budget: float, amount: float, grant_id: str, ttl: float
@@ -93,6 +101,7 @@ class SqlLedger:
     async def _used(self, connection: Any, key_id: str, period: str) -> float:
         """The key's ledger row, born from the spend recorded so far; locked on PostgreSQL."""
         ledger = budget_ledger.c
+        extra = self.unflushed(key_id, period) if self.unflushed is not None else 0.0
         seed = sa.select(sa.func.coalesce(sa.func.max(spend_totals.c.cost), 0.0)).where(
             (spend_totals.c.key_id == key_id) & (spend_totals.c.period == period)
         )
@@ -104,7 +113,11 @@ class SqlLedger:
             insert(budget_ledger)
             .from_select(
                 ["key_id", "period", "used"],
-                sa.select(sa.literal(key_id), sa.literal(period), seed.scalar_subquery()),
+                sa.select(
+                    sa.literal(key_id),
+                    sa.literal(period),
+                    seed.scalar_subquery() + sa.literal(extra, sa.Float),
+                ),
             )
             .on_conflict_do_nothing()
         )

@@ -39,6 +39,7 @@ class Grant:
     in_flight: int = 0
     open: bool = True
     idle: Timer | None = None  # armed while no request is in flight
+    idle_since: float = 0.0  # monotonic: when the last request in flight ended
 
 
 @dataclass(slots=True)
@@ -83,9 +84,6 @@ class Budgets:
             return None
         grant.used += amount
         grant.in_flight += 1
-        if grant.idle is not None:
-            grant.idle.cancel()
-            grant.idle = None
         return Hold(grant, amount)
 
     async def reserve(self, key_id: str, period: str, budget: float, amount: float) -> Hold:
@@ -135,15 +133,22 @@ class Budgets:
         if grant.in_flight == 0:
             if not grant.open:
                 self._close(grant)  # replaced meanwhile: nothing more will use it
-            elif grant.idle is None:
+            else:
                 # Idle: unless another request comes soon, hand what is left back, so other
                 # workers and instances can use it (no budget refused for a reservation
                 # nobody holds). Not at once: a busy key would ask the ledger every time.
-                grant.idle = self.clock.call_later(self.idle_release, lambda: self._idle(grant))
+                # One timer per idle spell, not per request: it looks again when it fires.
+                grant.idle_since = self.clock.monotonic()
+                if grant.idle is None:
+                    grant.idle = self.clock.call_later(self.idle_release, lambda: self._idle(grant))
 
     def _idle(self, grant: Grant) -> None:
         grant.idle = None
         if grant.in_flight or not grant.open:
+            return  # busy again: the request that leaves it idle arms a new timer
+        left = grant.idle_since + self.idle_release - self.clock.monotonic()
+        if left > 0:  # it was used meanwhile: wait out the rest of this idle spell
+            grant.idle = self.clock.call_later(left, lambda: self._idle(grant))
             return
         if self._grants.get((grant.key_id, grant.period)) is grant:
             del self._grants[(grant.key_id, grant.period)]

@@ -46,7 +46,7 @@ class StateHub:
         ledger: Ledger = (
             RedisLedger(self.store, clock, divisor, self.spend.key_spend)
             if self.store is not None
-            else SqlLedger(self.db, clock, divisor)
+            else SqlLedger(self.db, clock, divisor, self.spend.unflushed)
         )
         self.budgets = Budgets(
             ledger,
