@@ -242,14 +242,17 @@ class Access:
                 )
             request.allowed_models = key.models  # fallbacks are held to it too (routing)
         team = await self._team(key) if key.team_id is not None else None
-        holds = await self.gate.reserve(key, team, request)
+        holds = self.gate.reserve_now(key, request) if team is None else None
+        if holds is None:
+            holds = await self.gate.reserve(key, team, request)
         estimated = estimate_tokens(request)
         lease = team_lease = None
         try:
             if key.rpm is not None or key.tpm is not None or key.max_parallel is not None:
-                lease = await self._limit(
-                    Limits(key.id, key.rpm, key.tpm, key.max_parallel), estimated, "key"
-                )
+                limits = Limits(key.id, key.rpm, key.tpm, key.max_parallel)
+                lease = self._limit_now(limits, estimated, "key")
+                if lease is None:
+                    lease = await self._limit(limits, estimated, "key")
             if team is not None and (team.rpm or team.tpm or team.max_parallel):
                 team_lease = await self._limit(
                     Limits(team.id, team.rpm, team.tpm, team.max_parallel), estimated, "team"
@@ -263,6 +266,13 @@ class Access:
         assert key.team_id is not None
         return await self.teams.lookup(key.team_id) if self.teams is not None else None
 
+    def _limit_now(self, limits: Limits, estimated: int, whose: str) -> Lease | None:
+        """An admission the limiter can judge without a round trip; None: await `_limit`."""
+        try:
+            return self.limiter.acquire_now(limits, estimated)
+        except RateLimited as limited:
+            raise _rate_limited(limited, whose) from None
+
     async def _limit(self, limits: Limits, estimated: int, whose: str) -> Lease:
         try:
             lease = self.limiter.acquire_now(limits, estimated)
@@ -270,14 +280,7 @@ class Access:
                 lease = await self.limiter.acquire_shared(limits, estimated)
             return lease
         except RateLimited as limited:
-            retry = str(max(1, round(limited.retry_after))).encode()
-            raise ApiError(
-                429,
-                f"Rate limit reached for {limited.reason} on this {whose}.",
-                "rate_limit_error",
-                "rate_limit_exceeded",
-                headers=((b"retry-after", retry), *limited.headers),
-            ) from None
+            raise _rate_limited(limited, whose) from None
 
     def _give_back(self, holds: tuple[Hold, ...], lease: Lease | None) -> None:
         """A request refused after something was reserved for it."""
@@ -325,3 +328,14 @@ class Access:
                 now,
             )
         )
+
+
+def _rate_limited(limited: RateLimited, whose: str) -> ApiError:
+    retry = str(max(1, round(limited.retry_after))).encode()
+    return ApiError(
+        429,
+        f"Rate limit reached for {limited.reason} on this {whose}.",
+        "rate_limit_error",
+        "rate_limit_exceeded",
+        headers=((b"retry-after", retry), *limited.headers),
+    )

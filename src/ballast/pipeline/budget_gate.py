@@ -39,6 +39,15 @@ class BudgetGate:
             for hold in holds:
                 self.budgets.settle(hold, 0.0)
 
+    def reserve_now(self, key: KeyRecord, request: RequestContext) -> tuple[Hold, ...] | None:
+        """The usual case without a coroutine: only the key's budget, and room in the grant
+        held here. None when `reserve` must be awaited."""
+        if self.budgets is None or key.budget is None or key.model_budgets:
+            return None
+        period = period_of(key.budget_period, self.clock.time())
+        hold = self.budgets.reserve_now(key.id, period, self.pricing.worst_case(request))
+        return (hold,) if hold is not None else None
+
     async def reserve(
         self, key: KeyRecord, team: Team | None, request: RequestContext
     ) -> tuple[Hold, ...]:
