@@ -6,9 +6,12 @@ buffer every `flush_interval`. The rules, against the known ways gateways lose s
 - A batch is written in one transaction, idempotent on the event id, and leaves memory only
   once the commit succeeded (or once it is fsync'd to the journal). Nothing is popped before
   the write is known to be durable.
+- Every event is also written, as it is recorded, to a write-ahead log segment
+  (`spend_wal.py`) that the flush deletes once the events are committed or journaled, so a
+  `kill -9` loses nothing; segments of dead processes are replayed at start-up.
 - While the database is down, each tick spills the buffer to a local append-only journal
-  (JSON lines, fsync'd), so memory stays bounded and a `kill -9` loses at most what arrived
-  since the last tick. Database attempts back off exponentially (with jitter) meanwhile.
+  (JSON lines, fsync'd), so memory stays bounded. Database attempts back off exponentially
+  (with jitter) meanwhile.
 - On recovery the journal is replayed in the same transaction as the buffer; ids make a
   replay after a partial failure (or a crash between commit and truncate) harmless, and
   only rows actually inserted count towards the shared Redis counters.
