@@ -42,7 +42,7 @@ ALL_TARGETS = (
 # The keys+limits+spend variants: a virtual key whose limits are far above what the bench
 # can send, so every check runs (key lookup, budget, RPM/TPM/parallel, spend) and none refuses.
 BENCH_MASTER = "bk-bench-master-key"
-KEY_LIMITS = ["--rpm", "100000000", "--tpm", "100000000000", "--max-parallel", "100000"]
+KEY_LIMITS = ["--rpm", "100000000", "--tpm", "2000000000", "--max-parallel", "100000"]
 KEY_LIMITS += ["--budget", "1000000000", "--budget-period", "total"]
 
 

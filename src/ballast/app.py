@@ -149,6 +149,9 @@ class BallastApp:
             if path.startswith("/admin/"):
                 await self.admin.handle(scope, receive, send)
                 return
+            if path.startswith("/v1/models/") and method == "GET":
+                await self.openai.model(scope, receive, send, path[11:])
+                return
             if path == "/v1/jobs" or path.startswith("/v1/jobs/"):
                 await self.jobs.handle(scope, receive, send)
                 return
@@ -187,17 +190,26 @@ class BallastApp:
         await self.state.start()
         await self.fleet.start()
         access = Access(
-            self.settings, self.state.keys, self.state.limiter, self.state.spend, self.clock
+            self.settings,
+            self.state.keys,
+            self.state.limiter,
+            self.state.spend,
+            self.clock,
+            self.state.budgets,
+            self.state.teams,
         )
         await access.start()
         self.pipeline.access = access
         self.observer.budget_left = access.budget_left
+        self.observer.cost_of_answer = access.pricing.cost
         self.jobs.access = access
         if self.dispatcher is not None:
             self.dispatcher.start()
         self.pipeline.cache = build_cache(self.settings, self.state.store, self.clock)
         await self.router.start()
         self.observer.metrics.deployments(self.router.targets.values())
+        for deployment in access.unpriced_with_budgets:
+            self.observer.metrics.unpriced.labels(deployment).set(1.0)
         self.observer.metrics.start()
         self.reloader.install_signal_handler()
         self.ready = True

@@ -122,6 +122,7 @@ def serve(
     prepare_serve(log_level, log_format, workers)
     _startup_line(settings, host or settings.server.host, port, workers, ssl_certfile)
     os.environ["BALLAST_CONFIG"] = str(config.resolve())
+    os.environ["BALLAST_WORKERS"] = str(workers)  # workers share rate limits when several
     # uvicorn re-raises SIGTERM/SIGINT once its graceful shutdown is over; by then everything
     # has been flushed, so the re-raised signal ends the command normally (exit 0).
     for stop_signal in (signal.SIGTERM, signal.SIGINT):
@@ -252,11 +253,12 @@ def keys_create(
     budget_period: Annotated[str, typer.Option(help="day, month or total")] = "month",
     expires_in_days: Annotated[float | None, typer.Option(help="expiry from now")] = None,
     max_jobs: Annotated[int | None, typer.Option(help="concurrent GPU jobs")] = None,
+    team: Annotated[str | None, typer.Option(help="the id of the team it belongs to")] = None,
 ) -> None:
     """Create a key; it is printed once and stored only as a hash."""
     import time
 
-    from ballast.api.keys_admin import key_options
+    from ballast.api.key_fields import key_options
     from ballast.pipeline.errors import ApiError
 
     data = {
@@ -269,6 +271,7 @@ def keys_create(
         "budget_period": budget_period,
         "expires_at": time.time() + expires_in_days * 86400 if expires_in_days else None,
         "max_concurrent_jobs": max_jobs,
+        "team_id": team,
     }
     try:
         options = key_options(data)
@@ -285,15 +288,173 @@ def keys_create(
 
 @keys_cli.command("list")
 def keys_list(config: ConfigOption) -> None:
-    """List keys (never the keys themselves)."""
+    """List keys with their limits and spend this period (never the keys themselves)."""
+    import time
+
+    from ballast.state.spend import period_of
 
     async def work(hub: StateHub) -> Any:
-        return await hub.keys.list()
+        rows = []
+        for record in await hub.keys.list():
+            period = period_of(record.budget_period, time.time())
+            rows.append((record, period, await hub.spend.key_spend(record.id, period)))
+        return rows
 
-    for record in _with_state(config, work):
+    for record, period, spent in _with_state(config, work):
         state = "revoked" if record.revoked else "active"
         models = ",".join(record.models) if record.models is not None else "*"
-        typer.echo(f"{record.id}  {state:7}  {record.name}  models={models}")
+        limits = " ".join(
+            f"{name}={value}"
+            for name, value in (
+                ("rpm", record.rpm),
+                ("tpm", record.tpm),
+                ("parallel", record.max_parallel),
+                ("budget", record.budget),
+                ("team", record.team_id),
+            )
+            if value is not None
+        )
+        typer.echo(
+            f"{record.id}  {state:7}  {record.name}  models={models}  {limits}  "
+            f"spend({period})={spent:.6f}"
+        )
+
+
+def _key_data(**given: Any) -> dict[str, Any]:
+    """The options given on the command line, as the admin API takes them."""
+    data = {k: v for k, v in given.items() if v is not None}
+    if "models" in data:
+        data["models"] = [m.strip() for m in data["models"].split(",") if m.strip()]
+    return data
+
+
+def _checked(check: Callable[[dict[str, Any]], dict[str, Any]], data: dict[str, Any]) -> Any:
+    from ballast.pipeline.errors import ApiError
+
+    try:
+        return check(data)
+    except ApiError as error:
+        typer.echo(error.message, err=True)
+        raise typer.Exit(2) from None
+
+
+@keys_cli.command("update")
+def keys_update(
+    config: ConfigOption,
+    key_id: Annotated[str, typer.Argument()],
+    models: Annotated[str | None, typer.Option(help="comma-separated allowed models")] = None,
+    rpm: Annotated[int | None, typer.Option(help="requests per minute")] = None,
+    tpm: Annotated[int | None, typer.Option(help="tokens per minute")] = None,
+    max_parallel: Annotated[int | None, typer.Option(help="parallel requests")] = None,
+    budget: Annotated[float | None, typer.Option(help="dollars per budget period")] = None,
+    budget_period: Annotated[str | None, typer.Option(help="day, month or total")] = None,
+    expires_in_days: Annotated[float | None, typer.Option(help="expiry from now")] = None,
+    team: Annotated[str | None, typer.Option(help="the team's id")] = None,
+    clear: Annotated[
+        str | None, typer.Option(help="comma-separated fields to clear, e.g. rpm,budget")
+    ] = None,
+) -> None:
+    """Change a key's limits, budget, models, expiry or team."""
+    import time
+
+    from ballast.api.key_fields import key_changes
+
+    data = _key_data(
+        models=models,
+        rpm=rpm,
+        tpm=tpm,
+        max_parallel=max_parallel,
+        budget=budget,
+        budget_period=budget_period,
+        expires_at=time.time() + expires_in_days * 86400 if expires_in_days else None,
+        team_id=team,
+    )
+    for field in (clear or "").split(","):
+        if field.strip():
+            data[field.strip()] = None
+    changes = _checked(key_changes, data)
+
+    async def work(hub: StateHub) -> Any:
+        return await hub.keys.update(key_id, changes)
+
+    record = _with_state(config, work)
+    if record is None:
+        typer.echo(f"no key with id {key_id}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"updated {key_id}")
+
+
+@keys_cli.command("rotate")
+def keys_rotate(
+    config: ConfigOption,
+    key_id: Annotated[str, typer.Argument()],
+    grace_seconds: Annotated[float, typer.Option(help="how long the old key still works")] = 0,
+) -> None:
+    """A new value for a key (same id, limits and spend); printed once."""
+
+    async def work(hub: StateHub) -> Any:
+        return await hub.keys.rotate(key_id, grace_seconds)
+
+    rotated = _with_state(config, work)
+    if rotated is None:
+        typer.echo(f"no usable key with id {key_id}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"id:  {key_id}\nkey: {rotated[0]}\n(store it now: it is not shown again)")
+
+
+teams_cli = typer.Typer(no_args_is_help=True, help="Teams: keys sharing a budget and limits.")
+cli.add_typer(teams_cli, name="teams")
+
+
+@teams_cli.command("create")
+def teams_create(
+    config: ConfigOption,
+    name: Annotated[str, typer.Option(help="the team's name")],
+    rpm: Annotated[int | None, typer.Option(help="requests per minute")] = None,
+    tpm: Annotated[int | None, typer.Option(help="tokens per minute")] = None,
+    max_parallel: Annotated[int | None, typer.Option(help="parallel requests")] = None,
+    budget: Annotated[float | None, typer.Option(help="dollars per budget period")] = None,
+    budget_period: Annotated[str, typer.Option(help="day, month or total")] = "month",
+) -> None:
+    """Create a team; add keys to it with `keys create --team` or `keys update --team`."""
+    from ballast.api.key_fields import team_options
+
+    data = _key_data(
+        name=name,
+        rpm=rpm,
+        tpm=tpm,
+        max_parallel=max_parallel,
+        budget=budget,
+        budget_period=budget_period,
+    )
+    options = _checked(team_options, data)
+
+    async def work(hub: StateHub) -> Any:
+        return await hub.teams.create(**options)
+
+    typer.echo(f"id: {_with_state(config, work).id}")
+
+
+@teams_cli.command("list")
+def teams_list(config: ConfigOption) -> None:
+    """List teams with their limits, keys and spend this period."""
+    import time
+
+    from ballast.state.spend import period_of
+
+    async def work(hub: StateHub) -> Any:
+        rows = []
+        for team in await hub.teams.list():
+            period = period_of(team.budget_period, time.time())
+            spent = await hub.teams.spend(team.id, period)
+            rows.append((team, period, spent, await hub.teams.keys(team.id)))
+        return rows
+
+    for team, period, spent, keys in _with_state(config, work):
+        typer.echo(
+            f"{team.id}  {team.name}  rpm={team.rpm} tpm={team.tpm} parallel={team.max_parallel}"
+            f" budget={team.budget}  spend({period})={spent:.6f}  keys={','.join(keys) or '-'}"
+        )
 
 
 @keys_cli.command("revoke")

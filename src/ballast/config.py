@@ -533,6 +533,25 @@ class ModelPrice(_Strict):
 
     input: float = Field(0.0, ge=0)
     output: float = Field(0.0, ge=0)
+    cached_input: float | None = Field(
+        None, ge=0, description="cached prompt tokens; unset: the input price"
+    )
+    max_output_tokens: int | None = Field(
+        None, ge=1, description="the model's longest answer: a budget's worst case"
+    )
+
+
+class BudgetSettings(_Strict):
+    """Budgets reserve a request's worst-case cost before it goes upstream."""
+
+    default_max_output_tokens: int = Field(
+        4096, ge=1, description="worst case of a request without max_tokens, model unknown"
+    )
+    grant_divisor: float = Field(
+        8.0, ge=1, description="a grant takes up to what is left of a budget / this"
+    )
+    grant_accept_for: float = Field(30.0, gt=0, description="seconds a grant takes requests")
+    built_in_prices: bool = Field(True, description="price known models from the built-in table")
 
 
 class BreakerSettings(_Strict):
@@ -629,6 +648,10 @@ class StateSettings(_Strict):
     )
     spend_flush_interval: float = Field(1.0, gt=0)
     spend_journal: str = "ballast-spend.journal"
+    shared_limits: bool = Field(
+        True,
+        description="`serve --workers N` shares rate limits (a file next to the journal)",
+    )
     cache_prefix: str = Field("ballast:cache:", description="Redis key prefix of the cache")
     cache_local_bytes: int = Field(
         64 * 1024 * 1024, ge=0, description="in-process response cache size without Redis"
@@ -655,7 +678,10 @@ class FleetSettings(_Strict):
     command log as the fallback."""
 
     fallback_poll: float = Field(
-        0.5, gt=0, description="command log polling while Redis is down or not configured"
+        0.25,
+        gt=0,
+        description="command log polling while Redis is down or not configured (an action"
+        " then takes up to this, plus its own time, to reach another instance)",
     )
     safety_poll: float = Field(
         5.0, gt=0, description="command log polling while Redis pub/sub carries commands"
@@ -724,6 +750,7 @@ class Settings(_Strict):
     observe: ObserveSettings = ObserveSettings()
     fleet: FleetSettings = FleetSettings()
     jobs: JobsSettings = JobsSettings()
+    budgets: BudgetSettings = BudgetSettings()
     prices: dict[str, ModelPrice] = Field(
         default_factory=dict, description="per model name as upstreams report it"
     )

@@ -117,8 +117,10 @@ def test_rpm_limit_answers_429_with_headers(gateway: Gateway) -> None:
 
 
 def test_spend_is_recorded_and_budget_enforced(gateway: Gateway) -> None:
-    key, key_id = new_key(gateway, budget=30.0, budget_period="total")
-    reply = client(gateway, key).chat.completions.create(model="chat", messages=MESSAGES)
+    # $1 per token: each request reserves about 32 (its prompt estimate + 16) and costs 17.
+    key, key_id = new_key(gateway, budget=60.0, budget_period="total")
+    chat = client(gateway, key).chat.completions
+    reply = chat.create(model="chat", messages=MESSAGES, max_tokens=16)
     assert reply.usage is not None
     expected = float(reply.usage.prompt_tokens + reply.usage.completion_tokens)  # $1 per token
     spend: dict[str, Any] = {}
@@ -128,11 +130,14 @@ def test_spend_is_recorded_and_budget_enforced(gateway: Gateway) -> None:
             break
         time.sleep(0.05)
     assert spend["spend"] == pytest.approx(expected)
-    client(gateway, key).chat.completions.create(model="chat", messages=MESSAGES)  # 34 > 30
-    time.sleep(1.2)
+    chat.create(model="chat", messages=MESSAGES, max_tokens=16)  # 34 spent, 26 left
     with pytest.raises(openai.RateLimitError) as info:
-        client(gateway, key).chat.completions.create(model="chat", messages=MESSAGES)
+        chat.create(model="chat", messages=MESSAGES, max_tokens=16)
     assert info.value.code == "insufficient_quota"
+    # Without max_tokens the worst case is the model's longest answer: never fits here.
+    other, _ = new_key(gateway, budget=60.0, budget_period="total")
+    with pytest.raises(openai.RateLimitError):
+        client(gateway, other).chat.completions.create(model="chat", messages=MESSAGES)
 
 
 def test_stream_usage_is_accounted_but_stripped_unless_asked(gateway: Gateway) -> None:

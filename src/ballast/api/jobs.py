@@ -71,7 +71,7 @@ class JobsApi:
         self.access: Access | None = None
 
     async def _key(self, scope: Scope) -> KeyRecord:
-        if self.access is None or not self.access.enabled:
+        if self.access is None or not await self.access.required():
             return ANONYMOUS
         return await self.access.authenticate(scope)
 

@@ -1,4 +1,5 @@
-"""`/admin/keys`: create, list and revoke virtual keys, and read a key's spend (master key)."""
+"""`/admin/keys` and `/admin/teams` (master key): create, update, rotate, list (with limits
+and spend) and revoke virtual keys; teams of keys sharing a budget and limits."""
 
 from __future__ import annotations
 
@@ -7,45 +8,21 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from ballast.api.key_fields import (
+    MAX_TIME,
+    TEAM_FIELDS,
+    key_changes,
+    key_options,
+    team_options,
+    text_field,
+)
 from ballast.pipeline.asgi import JSON, Receive, Scope, Send, read_body, send_bytes
 from ballast.pipeline.errors import ApiError, bad_request
 from ballast.state.hub import StateHub
-from ballast.state.spend import period_of
+from ballast.state.spend import SpendUnavailable, period_of
 
 if TYPE_CHECKING:
     from ballast.api.admin import Admin
-
-_INT_FIELDS = ("rpm", "tpm", "max_parallel", "max_concurrent_jobs")
-
-
-def key_options(data: dict[str, Any]) -> dict[str, Any]:
-    """Validated attributes for a new key; a 400 names the first bad one."""
-    name = data.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise bad_request("'name' is required.", "name")
-    options: dict[str, Any] = {"name": name.strip()[:200]}
-    models = data.get("models")
-    if models is not None:
-        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-            raise bad_request("'models' must be a list of model names.", "models")
-        options["models"] = models
-    for field in _INT_FIELDS:
-        value = data.get(field)
-        if value is not None:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise bad_request(f"'{field}' must be a positive integer.", field)
-            options[field] = value
-    for field in ("budget", "expires_at"):
-        value = data.get(field)
-        if value is not None:
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise bad_request(f"'{field}' must be a non-negative number.", field)
-            options[field] = float(value)
-    period = data.get("budget_period", "month")
-    if period not in ("day", "month", "total"):
-        raise bad_request("'budget_period' must be day, month or total.", "budget_period")
-    options["budget_period"] = period
-    return options
 
 
 class KeysAdmin:
@@ -58,6 +35,11 @@ class KeysAdmin:
         admin.add("POST", "/admin/keys", self.create, write=True)
         admin.add("POST", "/admin/keys/revoke", self.revoke, write=True)
         admin.add("GET", "/admin/keys/spend", self.spend, write=True)
+        admin.add("POST", "/admin/keys/update", self.update, write=True)
+        admin.add("POST", "/admin/keys/rotate", self.rotate, write=True)
+        admin.add("GET", "/admin/teams", self.list_teams, write=True)
+        admin.add("POST", "/admin/teams", self.create_team, write=True)
+        admin.add("POST", "/admin/teams/update", self.update_team, write=True)
 
     async def _json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
         body = await read_body(scope, receive, self.max_body_bytes)
@@ -70,35 +52,114 @@ class KeysAdmin:
         return data
 
     async def list_keys(self, scope: Scope, receive: Receive, send: Send) -> None:
-        records = await self.hub.keys.list()
-        body = orjson.dumps({"object": "list", "data": [r.public() for r in records]})
-        await send_bytes(send, 200, [JSON], body)
+        """Every key with its limits and its spend in the current budget period."""
+        now = self.hub.clock.time()
+        data = []
+        for record in await self.hub.keys.list():
+            period = period_of(record.budget_period, now)
+            data.append(
+                {**record.public(), "period": period, "spend": await self._spent(record.id, period)}
+            )
+        await send_bytes(send, 200, [JSON], orjson.dumps({"object": "list", "data": data}))
+
+    async def _spent(self, key_id: str, period: str) -> float | None:
+        try:
+            return await self.hub.spend.key_spend(key_id, period)
+        except SpendUnavailable:
+            return None
+
+    async def _check_team(self, options: dict[str, Any]) -> None:
+        team_id = options.get("team_id")
+        if team_id is not None and await self.hub.teams.get(team_id) is None:
+            raise bad_request(f"No team with id {team_id[:80]}.", "team_id")
 
     async def create(self, scope: Scope, receive: Receive, send: Send) -> None:
         options = key_options(await self._json(scope, receive))
+        await self._check_team(options)
         plaintext, record = await self.hub.keys.create(**options)
         body = orjson.dumps({"key": plaintext, **record.public()})
         await send_bytes(send, 201, [JSON], body)
 
     async def revoke(self, scope: Scope, receive: Receive, send: Send) -> None:
-        key_id = (await self._json(scope, receive)).get("id")
-        if not isinstance(key_id, str):
-            raise bad_request("'id' is required.", "id")
+        key_id = text_field((await self._json(scope, receive)).get("id"), "id")
         if not await self.hub.keys.revoke(key_id):
             raise ApiError(404, f"No key with id {key_id[:80]}.", code="key_not_found")
         await send_bytes(send, 200, [JSON], orjson.dumps({"id": key_id, "revoked": True}))
 
     async def spend(self, scope: Scope, receive: Receive, send: Send) -> None:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        key_id = (query.get("id") or [""])[0]
-        record = await self.hub.keys.get(key_id) if key_id else None
+        key_id = text_field((query.get("id") or [""])[0], "id")
+        record = await self.hub.keys.get(key_id)
         if record is None:
             raise ApiError(404, f"No key with id {key_id[:80]}.", code="key_not_found")
-        period = (query.get("period") or [period_of(record.budget_period, self.hub.clock.time())])[
-            0
-        ]
-        total = await self.hub.spend.key_spend(record.id, period)
+        given = query.get("period")
+        period = (
+            text_field(given[0], "period", 10)
+            if given
+            else period_of(record.budget_period, self.hub.clock.time())
+        )
+        try:
+            total = await self.hub.spend.key_spend(record.id, period)
+        except SpendUnavailable:
+            raise ApiError(
+                503, "Spend cannot be read right now; retry shortly.", "api_error", "unavailable"
+            ) from None
         body = orjson.dumps(
             {"id": record.id, "period": period, "spend": total, "budget": record.budget}
         )
         await send_bytes(send, 200, [JSON], body)
+
+    async def update(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Change a key's limits, budget, models, expiry or team: the fields given only."""
+        data = await self._json(scope, receive)
+        key_id = text_field(data.get("id"), "id")
+        changes = key_changes(data)
+        await self._check_team(changes)
+        record = await self.hub.keys.update(key_id, changes)
+        if record is None:
+            raise ApiError(404, f"No key with id {key_id[:80]}.", code="key_not_found")
+        await send_bytes(send, 200, [JSON], orjson.dumps(record.public()))
+
+    async def rotate(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A new value for a key; the old one keeps working for `grace_seconds`."""
+        data = await self._json(scope, receive)
+        key_id = text_field(data.get("id"), "id")
+        grace = data.get("grace_seconds", 0)
+        if type(grace) not in (int, float) or not 0 <= grace <= MAX_TIME / 100:
+            raise bad_request(
+                "'grace_seconds' must be a number of seconds, 0 or more.", "grace_seconds"
+            )
+        rotated = await self.hub.keys.rotate(key_id, float(grace))
+        if rotated is None:
+            raise ApiError(404, f"No usable key with id {key_id[:80]}.", code="key_not_found")
+        plaintext, record = rotated
+        await send_bytes(send, 200, [JSON], orjson.dumps({"key": plaintext, **record.public()}))
+
+    async def list_teams(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Every team with its limits, its keys and their spend in its budget period."""
+        now = self.hub.clock.time()
+        data = []
+        for team in await self.hub.teams.list():
+            period = period_of(team.budget_period, now)
+            data.append(
+                {
+                    **team.public(),
+                    "period": period,
+                    "spend": await self.hub.teams.spend(team.id, period),
+                    "keys": list(await self.hub.teams.keys(team.id)),
+                }
+            )
+        await send_bytes(send, 200, [JSON], orjson.dumps({"object": "list", "data": data}))
+
+    async def create_team(self, scope: Scope, receive: Receive, send: Send) -> None:
+        team = await self.hub.teams.create(**team_options(await self._json(scope, receive)))
+        await send_bytes(send, 201, [JSON], orjson.dumps(team.public()))
+
+    async def update_team(self, scope: Scope, receive: Receive, send: Send) -> None:
+        data = await self._json(scope, receive)
+        team_id = text_field(data.get("id"), "id")
+        changes = key_changes(data, TEAM_FIELDS)
+        if await self.hub.teams.get(team_id) is None:
+            raise ApiError(404, f"No team with id {team_id[:80]}.", code="team_not_found")
+        team = await self.hub.teams.update(team_id, changes)
+        await send_bytes(send, 200, [JSON], orjson.dumps(team.public() if team else None))

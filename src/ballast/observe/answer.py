@@ -3,9 +3,13 @@ the metrics and the request log. Everything here runs once per request, after th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ballast.state.spend import cost_of
+
+# (answered model, deployment, prompt tokens, completion tokens) -> dollars
+CostOf = Callable[[str, str | None, int, int], float]
 
 # Where upstreams put their own id of a request (OpenAI, Anthropic, AWS, Azure).
 _UPSTREAM_ID_HEADERS = (b"x-request-id", b"request-id", b"x-amzn-requestid", b"apim-request-id")
@@ -47,7 +51,9 @@ class Answer:
         self.cost = cost
 
     @classmethod
-    def of(cls, request: Any, router: Any, deployment: str) -> Answer:
+    def of(
+        cls, request: Any, router: Any, deployment: str, cost_of_answer: CostOf | None = None
+    ) -> Answer:
         ticket = request.ticket
         key_id = ticket.key.id if ticket is not None else "none"
         target = router.targets.get(deployment) if router is not None else None
@@ -58,7 +64,10 @@ class Answer:
             return cls(key_id, provider, shape, False)
         prompt, completion = tokens
         model = request.answered_model or request.model
-        cost = cost_of(router.settings.prices, model, prompt, completion) if router else 0.0
+        if cost_of_answer is not None:  # the gateway's own pricing, the same as spend's
+            cost = cost_of_answer(model, deployment, prompt, completion)
+        else:
+            cost = cost_of(router.settings.prices, model, prompt, completion) if router else 0.0
         cached = cached_tokens(request.usage)
         return cls(key_id, provider, shape, True, prompt, completion, cached, cost)
 

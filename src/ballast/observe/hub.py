@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from ballast.observe.answer import Answer, answer_fields
+from ballast.observe.answer import Answer, CostOf, answer_fields
 from ballast.observe.logs import access_logged, log_event, log_request
 from ballast.observe.metrics import Metrics
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
@@ -131,6 +131,8 @@ class Observer:
         self._key_labels: set[str] = set()
         # Dollars left in a key's budget as far as known without a query (set at start-up).
         self.budget_left: Callable[[Any], float | None] | None = None
+        # The gateway's pricing (the spend records' own), set where the app is assembled.
+        self.cost_of_answer: CostOf | None = None
 
     # -- router events -----------------------------------------------------------------
 
@@ -209,7 +211,7 @@ class Observer:
 
     def _account(self, request: Any, router: Any, model: str, deployment: str, path: str) -> Answer:
         """Tokens, dollars, cache result and budget of one request, into the metrics."""
-        answer = Answer.of(request, router, deployment)
+        answer = Answer.of(request, router, deployment, self.cost_of_answer)
         stats = self.metrics.stats
         lookup = request.lookup
         if lookup is not None:

@@ -114,6 +114,13 @@ class Metrics:
             ("deployment", "reason"),
             registry=reg,
         )
+        self.unpriced = Gauge(
+            "ballast_deployment_unpriced",
+            "1 for a deployment with no known price while some key has a budget ($0 answers).",
+            ("deployment",),
+            registry=reg,
+            multiprocess_mode="max",
+        )
         self.reloads = Counter(
             "ballast_config_reloads", "Config reloads by result.", ("result",), registry=reg
         )

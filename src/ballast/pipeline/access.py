@@ -13,12 +13,16 @@ from typing import Any
 
 from ballast.config import Settings
 from ballast.pipeline.asgi import Scope, header
+from ballast.pipeline.budget_gate import BudgetGate
 from ballast.pipeline.context import RequestContext, Ticket
 from ballast.pipeline.errors import ApiError
+from ballast.pipeline.pricing import Pricing
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.state.budgets import Budgets, Hold
 from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
-from ballast.state.ratelimit import Limits, RateLimited, RateLimiter
-from ballast.state.spend import SpendRecorder, cost_of, period_of
+from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter
+from ballast.state.spend import SpendRecorder, period_of
+from ballast.state.teams import Team, TeamService
 
 log = logging.getLogger("ballast.access")
 
@@ -89,6 +93,8 @@ class Access:
         limiter: RateLimiter,
         spend: SpendRecorder,
         clock: Clock = SYSTEM_CLOCK,
+        budgets: Budgets | None = None,
+        teams: TeamService | None = None,
     ) -> None:
         master = settings.server.master_key
         self._master = master.get_secret_value().encode() if master is not None else None
@@ -96,10 +102,17 @@ class Access:
         self.limiter = limiter
         self.spend = spend
         self.clock = clock
-        self.prices = settings.prices
+        self.pricing = Pricing(settings)
+        self.budgets = budgets
+        self.teams = teams
+        self.gate = BudgetGate(budgets, self.pricing, spend, clock)
+        self.unpriced_with_budgets: list[str] = []  # deployment ids, found at start-up
         self.enabled = self._master is not None
-        self._budget_cache: dict[tuple[str, str], tuple[float, float]] = {}
-        self._refreshing: dict[tuple[str, str], asyncio.Future[float]] = {}
+        # While open, whether a key exists is asked again at most this often (any worker or
+        # instance may create the first one); once one exists, Ballast stays closed.
+        self.open_recheck = 1.0
+        self._open_until = 0.0
+        self._open_check: asyncio.Future[bool] | None = None
         # Spend event ids: unique across processes and restarts (a random prefix per
         # process) without a random draw per request; zero-padded, so one process's ids
         # sort in order and land at the end of the primary key's index.
@@ -115,11 +128,50 @@ class Access:
     async def start(self) -> None:
         if not self.enabled:
             self.enabled = await self.keys.count() > 0
+            self._open_until = self.clock.monotonic() + self.open_recheck
+        if self.pricing.unpriced and await self.keys.budgeted():
+            self.unpriced_with_budgets = [d for _, d in self.pricing.unpriced]
+            for group, deployment in self.pricing.unpriced:
+                log.warning(
+                    "deployment %s of model %s has no price: its answers cost $0 and no budget"
+                    " counts them (set `prices`)",
+                    deployment,
+                    group,
+                )
         if not self.enabled:
             log.warning(
                 "NO MASTER KEY AND NO API KEYS: Ballast is running OPEN; anyone who can reach "
                 "it can use every model. Set server.master_key and create keys."
             )
+
+    async def required(self) -> bool:
+        """Whether requests need a key: from the moment the first key exists anywhere (this
+        process sees its own at once, others within `open_recheck`), without a restart."""
+        if self.enabled:
+            return True
+        if self.keys.created:
+            self.enabled = True
+            log.warning("a key exists now: every request needs one from here on")
+        elif self.clock.monotonic() >= self._open_until:
+            check = self._open_check
+            if check is None:  # one count query at a time, shared by the requests waiting
+                check = asyncio.get_running_loop().create_task(self._keys_exist())
+                self._open_check = check
+            self.enabled = await asyncio.shield(check)
+        return self.enabled
+
+    async def _keys_exist(self) -> bool:
+        try:
+            exists = await self.keys.count() > 0
+            if exists:
+                log.warning("a key exists now: every request needs one from here on")
+            return exists
+        except Exception:
+            log.warning("cannot count keys; staying open until the database answers")
+            return False
+        finally:
+            self._open_until = self.clock.monotonic() + self.open_recheck
+            self._open_check = None
 
     def is_master(self, token: str | None) -> bool:
         return (
@@ -182,95 +234,75 @@ class Access:
         """Checks before routing; None when Ballast runs open. What is known here (a key
         seen recently, a fresh budget figure, a local limiter) is checked without awaiting
         anything: each await of a coroutine costs about half a microsecond."""
-        if not self.enabled:
+        if not self.enabled and not await self.required():
             return None
         key = self._remembered(request.authorization)
         if key is None:
             key = await self.authenticate(scope, request.authorization)
-        if not key.allows(request.model):
-            raise ApiError(
-                403,
-                f"This key may not use the model '{request.model[:200]}'.",
-                "invalid_request_error",
-                "model_not_allowed",
-                "model",
-            )
-        if key.budget is not None:
-            spent = self._known_spend(key)
-            if spent is None:
-                spent = await self._spent(key)
-            if spent >= key.budget:
+        if key.models is not None:
+            if request.model not in key.models:
                 raise ApiError(
-                    429,
-                    f"This key has used its {key.budget_period} budget.",
-                    "insufficient_quota",
-                    "insufficient_quota",
+                    403,
+                    f"This key may not use the model '{request.model[:200]}'.",
+                    "invalid_request_error",
+                    "model_not_allowed",
+                    "model",
                 )
+            request.allowed_models = key.models  # fallbacks are held to it too (routing)
+        team = await self._team(key) if key.team_id is not None else None
+        holds = self.gate.reserve_now(key, request) if team is None else None
+        if holds is None:
+            holds = await self.gate.reserve(key, team, request)
         estimated = estimate_tokens(request)
-        lease = None
-        if key.rpm is not None or key.tpm is not None or key.max_parallel is not None:
-            limits = Limits(key.id, key.rpm, key.tpm, key.max_parallel)
-            try:
-                lease = self.limiter.acquire_now(limits, estimated)
+        lease = team_lease = None
+        try:
+            if key.rpm is not None or key.tpm is not None or key.max_parallel is not None:
+                limits = Limits(key.id, key.rpm, key.tpm, key.max_parallel)
+                lease = self._limit_now(limits, estimated, "key")
                 if lease is None:
-                    lease = await self.limiter.acquire_shared(limits, estimated)
-            except RateLimited as limited:
-                retry = str(max(1, round(limited.retry_after))).encode()
-                raise ApiError(
-                    429,
-                    f"Rate limit reached for {limited.reason} on this key.",
-                    "rate_limit_error",
-                    "rate_limit_exceeded",
-                    headers=((b"retry-after", retry), *limited.headers),
-                ) from None
-        return Ticket(key, lease, estimated)
-
-    def _known_spend(self, key: KeyRecord) -> float | None:
-        """The period's spend when no query is due: the shared figure, asked at most once a
-        second per key, plus what this instance has not flushed yet. While the figure is
-        being asked, requests use the old one (one query, not one per request)."""
-        period = period_of(key.budget_period, self.clock.time())
-        cache_key = (key.id, period)
-        cached = self._budget_cache.get(cache_key)
-        if cached is None:
-            return None
-        if cached[1] > self.clock.monotonic() or cache_key in self._refreshing:
-            return cached[0] + self.spend.unflushed(key.id, period)
-        return None
+                    lease = await self._limit(limits, estimated, "key")
+            if team is not None and (team.rpm or team.tpm or team.max_parallel):
+                team_lease = await self._limit(
+                    Limits(team.id, team.rpm, team.tpm, team.max_parallel), estimated, "team"
+                )
+        except BaseException:
+            self._give_back(holds, lease)
+            raise
+        return Ticket(key, lease, estimated, holds, team_lease)
 
     def budget_left(self, key: KeyRecord) -> float | None:
         """Dollars left in the key's period as far as known without a query (the metrics'
         budget gauge), or None."""
         if key.budget is None:
             return None
-        spent = self._known_spend(key)
+        spent = self.gate.known_spend(key)
         return None if spent is None else key.budget - spent
 
-    async def _spent(self, key: KeyRecord) -> float:
-        """The period's spend when `_known_spend` has none: the request that finds the
-        shared figure old or unknown waits for a fresh one."""
-        period = period_of(key.budget_period, self.clock.time())
-        cache_key = (key.id, period)
-        refresh = self._refreshing.get(cache_key)
-        if refresh is None:
-            # A task of its own: a request that goes away must not cancel it for the others.
-            refresh = asyncio.get_running_loop().create_task(self._refresh(cache_key))
-            self._refreshing[cache_key] = refresh
-            refresh.add_done_callback(lambda _: self._refreshing.pop(cache_key, None))
-        return await asyncio.shield(refresh) + self.spend.unflushed(key.id, period)
+    async def _team(self, key: KeyRecord) -> Team | None:
+        assert key.team_id is not None
+        return await self.teams.lookup(key.team_id) if self.teams is not None else None
 
-    async def _refresh(self, cache_key: tuple[str, str]) -> float:
-        """The committed spend of (key, period), cached for a second."""
-        key_id, period = cache_key
-        unflushed = self.spend.unflushed(key_id, period)  # what key_spend adds on top
+    def _limit_now(self, limits: Limits, estimated: int, whose: str) -> Lease | None:
+        """An admission the limiter can judge without a round trip; None: await `_limit`."""
         try:
-            committed = await self.spend.key_spend(key_id, period) - unflushed
-        except Exception:
-            log.warning("spend unavailable for a budget check; using the last known figure")
-            cached = self._budget_cache.get(cache_key)
-            return cached[0] if cached else 0.0
-        self._budget_cache[cache_key] = (committed, self.clock.monotonic() + 1.0)
-        return committed
+            return self.limiter.acquire_now(limits, estimated)
+        except RateLimited as limited:
+            raise _rate_limited(limited, whose) from None
+
+    async def _limit(self, limits: Limits, estimated: int, whose: str) -> Lease:
+        try:
+            lease = self.limiter.acquire_now(limits, estimated)
+            if lease is None:
+                lease = await self.limiter.acquire_shared(limits, estimated)
+            return lease
+        except RateLimited as limited:
+            raise _rate_limited(limited, whose) from None
+
+    def _give_back(self, holds: tuple[Hold, ...], lease: Lease | None) -> None:
+        """A request refused after something was reserved for it."""
+        self.gate.give_back(holds)
+        if lease is not None:
+            self.limiter.release_soon(lease, 0)
 
     def settle(
         self,
@@ -284,15 +316,20 @@ class Access:
         if ticket is None:
             return
         prompt, completion = token_counts(usage)
+        # A cached answer used no upstream tokens: it does not count against TPM.
+        tokens = 0 if cached else prompt + completion if usage else None
         if ticket.lease is not None:
-            # A cached answer used no upstream tokens: it does not count against TPM.
-            self.limiter.release_soon(
-                ticket.lease, 0 if cached else prompt + completion if usage else None
-            )
+            self.limiter.release_soon(ticket.lease, tokens)
+        if ticket.team_lease is not None:
+            self.limiter.release_soon(ticket.team_lease, tokens)
         if ticket.key is MASTER or not isinstance(usage, dict):
+            self._give_back(ticket.holds, None)
             return
         now = self.clock.time()
-        cost = 0.0 if cached else cost_of(self.prices, model, prompt, completion)
+        cost = 0.0 if cached else self.pricing.cost(model, deployment, prompt, completion)
+        if self.budgets is not None:
+            for hold in ticket.holds:
+                self.budgets.settle(hold, cost)
         self.spend.record(
             (  # a SpendEvent's values: see `SpendRow`
                 f"{self._event_prefix}{next(self._event_ids):012x}",
@@ -307,3 +344,14 @@ class Access:
                 now,
             )
         )
+
+
+def _rate_limited(limited: RateLimited, whose: str) -> ApiError:
+    retry = str(max(1, round(limited.retry_after))).encode()
+    return ApiError(
+        429,
+        f"Rate limit reached for {limited.reason} on this {whose}.",
+        "rate_limit_error",
+        "rate_limit_exceeded",
+        headers=((b"retry-after", retry), *limited.headers),
+    )

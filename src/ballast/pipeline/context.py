@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ballast.config import ModelGroup
+from ballast.state.budgets import Hold
 from ballast.state.keys import KeyRecord
 from ballast.state.ratelimit import Lease
 
@@ -22,6 +23,8 @@ class Ticket:
     key: KeyRecord
     lease: Lease | None
     estimated_tokens: int
+    holds: tuple[Hold, ...] = ()  # its worst-case cost, reserved against each budget
+    team_lease: Lease | None = None  # the team's limits, when the key is in one
 
 
 @dataclass(slots=True)
@@ -38,6 +41,7 @@ class RequestContext:
     request_id: str | None = None
     shape: str = "openai"  # the inbound API shape the client spoke (logs and metrics)
     fallbacks: tuple[str, ...] = ()
+    allowed_models: tuple[str, ...] | None = None  # the key's models, set by admit
     authorization: bytes | None = None  # the client's Authorization header, as sent
     edits: dict[str, Any] = field(default_factory=dict)
     group: ModelGroup | None = None  # set by resolve

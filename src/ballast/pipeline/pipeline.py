@@ -267,11 +267,14 @@ class Pipeline:
             async for chunk in relay.events():
                 if relay.ending:  # the last piece ends the response with it: one send less
                     watch.stop()
+                    # Billed before the answer completes: a crash after it cannot lose it.
+                    self._settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
                 await send(
                     {"type": "http.response.body", "body": chunk, "more_body": not relay.ending}
                 )
             if not relay.ending:
                 watch.stop()
+                self._settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             relay.close()
@@ -343,4 +346,6 @@ class Pipeline:
         if isinstance(usage, dict):
             ctx.tokens = token_counts(usage)
         if self.access is not None and ctx.ticket is not None:
+            if deployment is None and ctx.attempts is not None:
+                deployment = ctx.attempts.deployment  # the one that answered
             self.access.settle(ctx.ticket, model, usage, deployment)

@@ -46,6 +46,10 @@ class Routable(Protocol):
     def model(self) -> str: ...
     @property
     def fallbacks(self) -> tuple[str, ...]: ...
+    @property
+    def allowed_models(self) -> tuple[str, ...] | None:
+        """The models the client's key may use; None: every model."""
+        ...
 
 
 @dataclass(slots=True)
@@ -59,6 +63,7 @@ class Attempts:
     deployment: str | None = None  # the one tried last
     started: bool = False  # the request was counted by the retry budget
     stream: bool = False  # a stream's attempts outlive their exchange
+    skipped: list[str] = field(default_factory=list)  # fallbacks the key may not use
 
     def last_failure(self) -> Failure | None:
         return self.failures[-1] if self.failures else None
@@ -104,22 +109,37 @@ class AttemptLoop:
 
     # -- chains ---------------------------------------------------------------------
 
-    def chain(self, request: Routable, primary: ModelGroup) -> list[tuple[ModelGroup, str]]:
-        """The model groups to try, with the model name each is asked for."""
+    def chain(
+        self, request: Routable, primary: ModelGroup, attempts: Attempts | None = None
+    ) -> list[tuple[ModelGroup, str]]:
+        """The model groups to try, with the model name each is asked for: only models the
+        request's key may use (the others are noted in `attempts.skipped`)."""
         chain = [(primary, request.model)]
-        for name in [*primary.fallbacks, *request.fallbacks]:
+        for name in self._allowed(request, [*primary.fallbacks, *request.fallbacks], attempts):
             group = self.targets.resolve(name)
             if group is not None and all(g is not group for g, _ in chain):
                 chain.append((group, name))
         return chain
 
-    def _context_chain(self, primary: ModelGroup) -> list[tuple[ModelGroup, str]]:
+    def _context_chain(
+        self, request: Routable, primary: ModelGroup, attempts: Attempts
+    ) -> list[tuple[ModelGroup, str]]:
         chain = []
-        for name in primary.context_fallbacks:
+        for name in self._allowed(request, primary.context_fallbacks, attempts):
             group = self.targets.resolve(name)
             if group is not None:
                 chain.append((group, name))
         return chain
+
+    @staticmethod
+    def _allowed(request: Routable, names: list[str], attempts: Attempts | None) -> list[str]:
+        allowed = request.allowed_models
+        if allowed is None:
+            return names
+        kept = [name for name in names if name in allowed]
+        if attempts is not None and len(kept) < len(names):
+            attempts.skipped.extend(n for n in names if n not in allowed)
+        return kept
 
     # -- the loop -------------------------------------------------------------------
 
@@ -132,7 +152,7 @@ class AttemptLoop:
             attempts.started = True
             self.budget.record_request()
         count_before = attempts.count
-        chain = self.chain(request, primary)
+        chain = self.chain(request, primary, attempts)
         index = 0
         while index < len(chain):
             group, model = chain[index]
@@ -142,7 +162,7 @@ class AttemptLoop:
             try:
                 return await self._run_group(group, model, attempts, exchange, reserve)
             except _SwitchToContextFallbacks:
-                chain = self._context_chain(primary)
+                chain = self._context_chain(request, primary, attempts)
                 index = 0
                 if not chain:
                     break
@@ -290,10 +310,12 @@ class AttemptLoop:
 
     def _final_failure(self, attempts: Attempts, primary: ModelGroup) -> Failure:
         real = [f for f in attempts.failures if f.kind is not failures.BUDGET_EXHAUSTED]
-        if real:
-            return real[-1]
-        if attempts.failures:
-            return attempts.failures[-1]
+        if real or attempts.failures:
+            failure = real[-1] if real else attempts.failures[-1]
+            note = "; fallbacks this key may not use were skipped: "
+            if attempts.skipped and note not in failure.message:  # say why none answered
+                failure.message += note + ", ".join(dict.fromkeys(n[:80] for n in attempts.skipped))
+            return failure
         members = self.targets.members(primary)
         waits = [t.breaker.retry_after() for t in members if not t.drained]
         retry_after = min(waits) if waits else self.settings.routing.rate_limit_cooldown

@@ -12,7 +12,7 @@ import hashlib
 import logging
 import secrets
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -56,6 +56,9 @@ class KeyRecord:
     max_concurrent_jobs: int | None = None
     revoked: bool = False
     created_at: float = 0.0
+    team_id: str | None = None
+    model_budgets: tuple[tuple[str, float], ...] | None = None  # per model, per period
+    previous_until: float | None = None  # a rotated key's old value works until then
 
     def allows(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -63,6 +66,7 @@ class KeyRecord:
     def public(self) -> dict[str, Any]:
         data = asdict(self)
         data["models"] = list(self.models) if self.models is not None else None
+        data["model_budgets"] = dict(self.model_budgets) if self.model_budgets else None
         return data
 
 
@@ -85,7 +89,39 @@ def _record(row: Any) -> KeyRecord:
         max_concurrent_jobs=row.max_concurrent_jobs,
         revoked=bool(row.revoked),
         created_at=row.created_at,
+        team_id=row.team_id,
+        model_budgets=_pairs(orjson.loads(row.model_budgets)) if row.model_budgets else None,
+        previous_until=row.previous_until,
     )
+
+
+def _pairs(budgets: dict[str, float] | None) -> tuple[tuple[str, float], ...] | None:
+    return tuple(sorted(budgets.items())) if budgets else None
+
+
+# What `update` may change (None clears a limit), as the database stores it.
+UPDATABLE = (
+    "name",
+    "models",
+    "rpm",
+    "tpm",
+    "max_parallel",
+    "budget",
+    "budget_period",
+    "expires_at",
+    "max_concurrent_jobs",
+    "team_id",
+    "model_budgets",
+)
+
+
+def _column_values(values: dict[str, Any]) -> dict[str, Any]:
+    """A record's public values as the columns hold them (lists and maps as JSON)."""
+    out = dict(values)
+    for name in ("models", "model_budgets"):
+        if name in out:
+            out[name] = orjson.dumps(out[name]).decode() if out[name] is not None else None
+    return out
 
 
 def _encode(record: KeyRecord | None) -> bytes:
@@ -97,7 +133,10 @@ def _decode(raw: bytes) -> KeyRecord | None:
     if data is None:
         return None
     models = data.pop("models")
-    return KeyRecord(models=tuple(models) if models is not None else None, **data)
+    budgets = data.pop("model_budgets", None)
+    return KeyRecord(
+        models=tuple(models) if models is not None else None, model_budgets=_pairs(budgets), **data
+    )
 
 
 class KeyService:
@@ -120,6 +159,7 @@ class KeyService:
         self.revocations = 0  # callers that cache keys of their own drop them when it moves
         # Told the id of every key revoked or changed here (the fleet tells everyone else).
         self.listeners: list[Callable[[str], Awaitable[None]]] = []
+        self.created = 0  # keys created by this process (an open gateway closes at the first)
 
     # -- administration -------------------------------------------------------------
 
@@ -134,6 +174,8 @@ class KeyService:
         budget_period: str = "month",
         expires_at: float | None = None,
         max_concurrent_jobs: int | None = None,
+        team_id: str | None = None,
+        model_budgets: dict[str, float] | None = None,
     ) -> tuple[str, KeyRecord]:
         """A new key: the plaintext (shown once) and its record."""
         if budget_period not in PERIODS:
@@ -151,13 +193,15 @@ class KeyService:
             expires_at=expires_at,
             max_concurrent_jobs=max_concurrent_jobs,
             created_at=self.clock.time(),
+            team_id=team_id,
+            model_budgets=_pairs(model_budgets),
         )
-        values = record.public()
-        values["models"] = orjson.dumps(values["models"]).decode() if models is not None else None
+        values = _column_values(record.public())
         async with self.db.begin() as connection:
             await connection.execute(
                 api_keys.insert().values(key_hash=hash_key(plaintext), **values)
             )
+        self.created += 1
         return plaintext, record
 
     async def list(self) -> list[KeyRecord]:
@@ -180,6 +224,79 @@ class KeyService:
                 ).scalar_one()
             )
 
+    async def update(self, key_id: str, changes: dict[str, Any]) -> KeyRecord | None:
+        """Change a key's limits, budget, models, expiry or team (a None clears one); the
+        updated record, or None when no such key exists. This process forgets the key at
+        once; other processes within their cache TTL."""
+        unknown = set(changes) - set(UPDATABLE)
+        if unknown:
+            raise ValueError(f"cannot update {', '.join(sorted(unknown))}")
+        if changes.get("budget_period", "month") not in PERIODS:
+            raise ValueError(f"budget_period must be one of {', '.join(PERIODS)}")
+        if not changes:
+            return await self.get(key_id)
+        async with self.db.begin() as connection:
+            result = await connection.execute(
+                api_keys.update()
+                .where(api_keys.c.id == key_id)
+                .values(**_column_values(changes))
+                .returning(api_keys.c.key_hash, api_keys.c.previous_hash)
+            )
+            hashes = [h for row in result for h in row if h]
+        if not hashes:
+            return None
+        await self._changed(key_id, hashes)
+        return await self.get(key_id)
+
+    async def rotate(self, key_id: str, grace: float) -> tuple[str, KeyRecord] | None:
+        """A new value for the key (same id, limits and spend): it works at once, and the
+        old one still does for `grace` seconds. None when no such usable key exists."""
+        plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
+        now = self.clock.time()
+        async with self.db.begin() as connection:
+            old = (
+                await connection.execute(
+                    sa.select(api_keys.c.key_hash, api_keys.c.previous_hash).where(
+                        api_keys.c.id == key_id, api_keys.c.revoked.is_(False)
+                    )
+                )
+            ).first()
+            if old is None:
+                return None
+            await connection.execute(
+                api_keys.update()
+                .where(api_keys.c.id == key_id)
+                .values(
+                    key_hash=hash_key(plaintext),
+                    previous_hash=old.key_hash if grace > 0 else None,
+                    previous_until=now + grace if grace > 0 else None,
+                )
+            )
+        await self._changed(key_id, [h for h in old if h])
+        record = await self.get(key_id)
+        assert record is not None
+        return plaintext, record
+
+    async def _changed(self, key_id: str, hashes: Sequence[str]) -> None:
+        """Forget cached copies of a changed or revoked key here and in Redis, and tell the
+        listeners (the fleet tells every other worker and instance)."""
+        self.revocations += 1
+        for digest in hashes:
+            self._cache.pop(digest, None)
+            await self._forget(digest, key_id)
+        if hashes:
+            await self.changed(key_id)
+
+    async def budgeted(self) -> int:
+        """How many usable keys have a budget."""
+        query = (
+            sa.select(sa.func.count())
+            .select_from(api_keys)
+            .where(api_keys.c.budget.is_not(None), api_keys.c.revoked.is_(False))
+        )
+        async with self.db.connect() as connection:
+            return int((await connection.execute(query)).scalar_one())
+
     async def revoke(self, key_id: str) -> bool:
         async with self.db.begin() as connection:
             result = await connection.execute(
@@ -189,12 +306,7 @@ class KeyService:
                 .returning(api_keys.c.key_hash)
             )
             hashes = [row.key_hash for row in result]
-        self.revocations += 1
-        for digest in hashes:
-            self._cache.pop(digest, None)
-            await self._forget(digest, key_id)
-        if hashes:
-            await self.changed(key_id)
+        await self._changed(key_id, hashes)
         return bool(hashes)
 
     async def changed(self, key_id: str) -> None:
@@ -271,10 +383,12 @@ class KeyService:
                 pass
         try:
             self.db_queries += 1
+            now = self.clock.time()
+            match = (api_keys.c.key_hash == digest) | (
+                (api_keys.c.previous_hash == digest) & (api_keys.c.previous_until > now)
+            )
             async with self.db.connect() as connection:
-                row = (
-                    await connection.execute(api_keys.select().where(api_keys.c.key_hash == digest))
-                ).first()
+                row = (await connection.execute(api_keys.select().where(match))).first()
         except Exception as exc:
             if stale is not None:
                 log.warning("database unavailable (%s); using the cached key", type(exc).__name__)
@@ -282,8 +396,11 @@ class KeyService:
                 return stale[0]
             raise KeysUnavailable(type(exc).__name__) from None
         record = _record(row) if row is not None else None
-        self._remember(digest, record)
-        if self.store is not None:
+        ttl_cap = None
+        if row is not None and row.key_hash != digest:  # a rotated key in its grace period
+            ttl_cap = max(0.0, row.previous_until - now)
+        self._remember(digest, record, ttl_cap)
+        if self.store is not None and ttl_cap is None:
             ttl = max(1, int(self.cache_ttl))
             try:
                 await self.store.call(lambda r: r.set(redis_key, _encode(record), ex=ttl))
@@ -291,8 +408,10 @@ class KeyService:
                 pass
         return record
 
-    def _remember(self, digest: str, record: KeyRecord | None) -> None:
+    def _remember(self, digest: str, record: KeyRecord | None, cap: float | None = None) -> None:
         ttl = self.cache_ttl if record is not None else self.negative_ttl
+        if cap is not None:
+            ttl = min(ttl, cap)
         self._cache[digest] = (record, self.clock.monotonic() + ttl)
         if len(self._cache) > 100_000:
             self._cache.clear()  # bounded; entries are cheap to rebuild

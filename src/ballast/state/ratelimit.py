@@ -68,6 +68,7 @@ from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.ratelimit_lease import (
     _LOCAL,
     _NONE,
+    _SHARED,
     WINDOW,
     Lease,
     Limits,
@@ -78,6 +79,7 @@ from ballast.state.ratelimit_lease import (
 from ballast.state.ratelimit_local import LocalSide
 from ballast.state.ratelimit_lua import ACQUIRE_LUA, RELEASE_LUA
 from ballast.state.ratelimit_redis import RedisSide, _Ask
+from ballast.state.ratelimit_shm import SharedWindows
 from ballast.state.store import RedisStore, StoreUnavailable
 
 __all__ = [
@@ -104,8 +106,10 @@ class RateLimiter(RedisSide, LocalSide):
         lease_ttl: float = 900.0,
         prefix: str = "ballast:rl:",
         release_delay: float = 0.05,
+        shared: SharedWindows | None = None,
     ) -> None:
         self._store = store
+        self._shared = shared  # the machine's windows, for the local side
         self._instances = max(1, instances)
         self._clock = clock
         self._lease_ttl_ms = max(1, int(lease_ttl * 1000))
@@ -156,6 +160,12 @@ class RateLimiter(RedisSide, LocalSide):
             self.fallbacks += 1
         return self._acquire_local(limits, estimated_tokens if estimated_tokens > 0 else 0)
 
+    async def close(self) -> None:
+        """Shutdown: deferred releases sent, the machine's windows unmapped."""
+        await super().close()
+        if self._shared is not None:
+            self._shared.close()
+
     # -- release -----------------------------------------------------------------------
 
     def release_soon(self, lease: Lease, actual_tokens: int | None) -> None:
@@ -177,7 +187,7 @@ class RateLimiter(RedisSide, LocalSide):
             return None
         lease.released = True
         delta = 0 if actual_tokens is None else max(0, actual_tokens) - lease.estimated
-        if lease._kind == _LOCAL:
+        if lease._kind == _LOCAL or lease._kind == _SHARED:
             self._release_local(lease, delta)
             return None
         if not lease._lease_id and not delta:

@@ -41,6 +41,7 @@ class RateLimited(Exception):
 _NONE: Final = 0
 _LOCAL: Final = 1
 _REDIS: Final = 2
+_SHARED: Final = 3  # the windows every worker of the machine shares (ratelimit_shm.py)
 
 
 class Lease:

@@ -22,6 +22,25 @@ api_keys = sa.Table(
     sa.Column("max_concurrent_jobs", sa.Integer, nullable=True),
     sa.Column("revoked", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("created_at", sa.Float, nullable=False),
+    # A rotated key's old hash still authenticates until `previous_until` (a grace period).
+    sa.Column("previous_hash", sa.String(64), nullable=True, index=True),
+    sa.Column("previous_until", sa.Float, nullable=True),
+    sa.Column("team_id", sa.String(40), nullable=True, index=True),
+    sa.Column("model_budgets", sa.Text, nullable=True),  # JSON {model: dollars per period}
+)
+
+# A named group of keys sharing a budget and limits.
+teams = sa.Table(
+    "teams",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("rpm", sa.Integer, nullable=True),
+    sa.Column("tpm", sa.Integer, nullable=True),
+    sa.Column("max_parallel", sa.Integer, nullable=True),
+    sa.Column("budget", sa.Float, nullable=True),
+    sa.Column("budget_period", sa.String(10), nullable=False, server_default="month"),
+    sa.Column("created_at", sa.Float, nullable=False),
 )
 
 spend_events = sa.Table(
@@ -99,4 +118,26 @@ admin_commands = sa.Table(
     sa.Column("action", sa.String(40), nullable=False),
     sa.Column("args", sa.Text, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
+)
+
+# Budgets shared by every worker and instance (without Redis; see state/budget_ledger.py):
+# per key and period what was spent, born from `spend_totals`, and the grants reserved
+# against it, each lapsing at `expires_at` so a dead instance's grants free themselves.
+budget_ledger = sa.Table(
+    "budget_ledger",
+    metadata,
+    sa.Column("key_id", sa.String(40), primary_key=True),
+    sa.Column("period", sa.String(10), primary_key=True),
+    sa.Column("used", sa.Float, nullable=False, server_default="0"),
+)
+
+budget_reservations = sa.Table(
+    "budget_reservations",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("key_id", sa.String(40), nullable=False),
+    sa.Column("period", sa.String(10), nullable=False),
+    sa.Column("amount", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Index("ix_budget_reservations_key", "key_id", "period"),
 )

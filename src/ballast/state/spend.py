@@ -6,9 +6,12 @@ buffer every `flush_interval`. The rules, against the known ways gateways lose s
 - A batch is written in one transaction, idempotent on the event id, and leaves memory only
   once the commit succeeded (or once it is fsync'd to the journal). Nothing is popped before
   the write is known to be durable.
+- Every event is also written, as it is recorded, to a write-ahead log segment
+  (`spend_wal.py`) that the flush deletes once the events are committed or journaled, so a
+  `kill -9` loses nothing; segments of dead processes are replayed at start-up.
 - While the database is down, each tick spills the buffer to a local append-only journal
-  (JSON lines, fsync'd), so memory stays bounded and a `kill -9` loses at most what arrived
-  since the last tick. Database attempts back off exponentially (with jitter) meanwhile.
+  (JSON lines, fsync'd), so memory stays bounded. Database attempts back off exponentially
+  (with jitter) meanwhile.
 - On recovery the journal is replayed in the same transaction as the buffer; ids make a
   replay after a partial failure (or a crash between commit and truncate) harmless, and
   only rows actually inserted count towards the shared Redis counters.
@@ -37,7 +40,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
@@ -48,6 +51,7 @@ from ballast.state.schema import spend_totals
 from ballast.state.spend_buffer import EventBuffer, SpendEvent, SpendRow, _KeyPeriod
 from ballast.state.spend_flush import COUNTER_PREFIX, FlushSide, _brief, counter_name
 from ballast.state.spend_journal import _add
+from ballast.state.spend_wal import WriteAheadLog, remove
 from ballast.state.store import RedisStore, StoreUnavailable
 
 __all__ = [
@@ -77,8 +81,15 @@ def new_event_id() -> str:
     return uuid.uuid4().hex
 
 
+class _Prices(Protocol):
+    def get(self, model: str) -> ModelPrice | None: ...
+
+
 def cost_of(
-    prices: Mapping[str, ModelPrice], model: str, prompt_tokens: int, completion_tokens: int
+    prices: Mapping[str, ModelPrice] | _Prices,
+    model: str,
+    prompt_tokens: int,
+    completion_tokens: int,
 ) -> float:
     """Dollars for one response; prices are per million tokens. An unpriced model costs 0."""
     price = prices.get(model)
@@ -140,6 +151,8 @@ class SpendRecorder(FlushSide):
         self._db_sums: dict[_KeyPeriod, tuple[float, float]] = {}
         self._stale_counters: set[str] = set()
         self._flush_lock = asyncio.Lock()
+        self._wal = WriteAheadLog(self.journal)
+        self._wal_segments: list[Path] = []  # closed segments of events still in memory
         self._journal_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._attempt: asyncio.Task[None] | None = None
@@ -160,7 +173,11 @@ class SpendRecorder(FlushSide):
             return
         self.journal.parent.mkdir(parents=True, exist_ok=True)
         async with self._journal_lock:
+            adopted = await asyncio.to_thread(self._adopt_wal_leftovers)
+            if adopted:
+                log.warning("spend: %d events of a process that died; replaying", adopted)
             leftovers = await asyncio.to_thread(self._read_all_journals)
+            self._wal.open()
         for event in leftovers:
             _add(self._journal_totals, event)
         if leftovers:
@@ -185,7 +202,10 @@ class SpendRecorder(FlushSide):
             with contextlib.suppress(Exception):
                 await attempt
         await self.flush()
-        if self._pending or self._inflight:  # the journal failed too: say so, loudly
+        if not (self._pending or self._inflight):
+            self._wal.close()
+            remove(self._take_segments())
+        else:  # the journal failed too: say so, loudly
             log.error(
                 "spend: %d events could be written neither to the database nor to the journal",
                 len(self._pending) + len(self._inflight),
@@ -196,7 +216,7 @@ class SpendRecorder(FlushSide):
     def record(self, event: SpendEvent | SpendRow) -> None:
         """Buffer one event (sync, O(1), never raises)."""
         try:
-            self._pending.add(event)
+            self._wal.write(self._pending.add(event))  # the kernel holds it from here on
         except Exception:  # pragma: no cover - an encoding and a dict update
             log.exception("spend: could not buffer an event")
 
@@ -255,7 +275,11 @@ class SpendRecorder(FlushSide):
     async def _committed_total(self, kp: _KeyPeriod) -> float:
         """The database total; while the database is known down (or fails now), the last total
         read plus what this instance committed since."""
-        if self.failures == 0 or self.clock.monotonic() >= self.retry_at:
+        if (
+            self.failures == 0
+            or self.clock.monotonic() >= self.retry_at
+            or kp not in self._db_sums  # nothing to fall back on: ask anyway
+        ):
             base = self._committed.get(kp, 0.0)
             try:
                 async with self.db.connect() as connection:

@@ -86,15 +86,18 @@ class EventBuffer:
     def __len__(self) -> int:
         return self.count
 
-    def add(self, event: SpendEvent | SpendRow) -> None:
+    def add(self, event: SpendEvent | SpendRow) -> bytes:
+        """Buffer one event; its line (for the write-ahead log)."""
         row = event if type(event) is tuple else tuple(event)  # the encoder takes no subclass
         try:
-            self._data += orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+            line = orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
         except TypeError:  # a string no database could store (a lone surrogate)
-            self._data += orjson.dumps(_storable(row), option=orjson.OPT_APPEND_NEWLINE)
+            line = orjson.dumps(_storable(row), option=orjson.OPT_APPEND_NEWLINE)
+        self._data += line
         self.count += 1
         kp = (event[1], event[2])  # key_id, period
         self.totals[kp] = self.totals.get(kp, 0.0) + event[7]  # cost
+        return line
 
     def absorb(self, newer: EventBuffer) -> None:
         """Move `newer`'s events in after these, leaving it empty."""

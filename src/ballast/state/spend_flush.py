@@ -22,6 +22,7 @@ from ballast.state.db import Database
 from ballast.state.schema import spend_events, spend_totals
 from ballast.state.spend_buffer import _EVENT_COLUMNS, EventBuffer, SpendEvent, _KeyPeriod
 from ballast.state.spend_journal import JournalSide, _subtract_all
+from ballast.state.spend_wal import remove
 from ballast.state.store import RedisStore, StoreUnavailable
 
 log = logging.getLogger("ballast.spend")
@@ -122,6 +123,7 @@ class FlushSide(JournalSide):
         """One attempt now: the journal (if any) and the buffer, in one transaction."""
         async with self._flush_lock:
             self._inflight.absorb(self._pending)
+            owned = self._take_segments()
             replay: list[SpendEvent] = []
             if self._has_journal():
                 try:
@@ -131,16 +133,22 @@ class FlushSide(JournalSide):
                     log.error("spend journal unreadable: %s", exc)
             batch = self._inflight
             if not batch and not replay:
+                self._keep_segments(owned)
                 return
             self.db_attempts += 1
             try:
                 added = await self._insert(replay, batch)
             except Exception as exc:
                 self._on_failure(exc, len(replay), len(batch))
-                await self._spill_inflight()
+                if await self._spill_inflight():
+                    remove(owned)
+                else:
+                    self._keep_segments(owned)
                 return
-            # Committed: only now does the batch leave memory and the replay file go.
+            # Committed: only now does the batch leave memory, its write-ahead segments and
+            # the replay file go.
             self._inflight = EventBuffer()
+            remove(owned)
             if replay:
                 with contextlib.suppress(FileNotFoundError):
                     await asyncio.to_thread(self.replay_journal.unlink)

@@ -19,6 +19,7 @@ from pathlib import Path
 import orjson
 
 from ballast.state.spend_buffer import EventBuffer, SpendEvent, _KeyPeriod
+from ballast.state.spend_wal import WriteAheadLog, read_segment, remove
 
 log = logging.getLogger("ballast.spend")
 
@@ -33,6 +34,8 @@ class JournalSide:
     _inflight: EventBuffer
     _journal_totals: dict[_KeyPeriod, float]
     _journal_lock: asyncio.Lock
+    _wal: WriteAheadLog
+    _wal_segments: list[Path]
 
     def _has_journal(self) -> bool:
         return self.replay_journal.exists() or (
@@ -43,17 +46,37 @@ class JournalSide:
         if not self._pending:
             return
         events, self._pending = self._pending, EventBuffer()
+        owned = self._take_segments()
         if not await self._spill(events):
             events.absorb(self._pending)  # kept, ahead of the newer ones
             self._pending = events
+            self._keep_segments(owned)
+        else:
+            remove(owned)
 
-    async def _spill_inflight(self) -> None:
+    async def _spill_inflight(self) -> bool:
+        """True when the batch is in the journal (or was empty)."""
         events, self._inflight = self._inflight, EventBuffer()
         if not events:
-            return
+            return True
         if not await self._spill(events):
             events.absorb(self._pending)  # kept, ahead of the newer ones
             self._pending = events
+            return False
+        return True
+
+    def _take_segments(self) -> list[Path]:
+        """The write-ahead segments of every event in memory, now taken by a flush or
+        spill (whose success makes them redundant); a new segment takes newer events."""
+        rotated = self._wal.rotate()
+        if rotated is not None:
+            self._wal_segments.append(rotated)
+        owned, self._wal_segments = self._wal_segments, []
+        return owned
+
+    def _keep_segments(self, owned: list[Path]) -> None:
+        """A flush or spill failed: its events are back in memory, so are their segments."""
+        self._wal_segments = owned + self._wal_segments
 
     async def _spill(self, events: EventBuffer) -> bool:
         """Append the events to the journal and fsync; False (events kept) if that fails."""
@@ -86,6 +109,25 @@ class JournalSide:
         if not self.replay_journal.exists():
             return []
         return _read_journal(self.replay_journal)
+
+    def _adopt_wal_leftovers(self) -> int:
+        """Move the events of write-ahead segments that a dead process left into the journal
+        (skipping those already there), so the start-up replay writes them; then drop the
+        segments. Returns how many events moved."""
+        segments = self._wal.leftovers()
+        if not segments:
+            return 0
+        known = {e.id for e in self._read_all_journals()}
+        events = []
+        for path in segments:
+            for event in read_segment(path):
+                if event.id not in known:
+                    known.add(event.id)
+                    events.append(event)
+        if events:
+            self._append(events)
+        remove(segments)
+        return len(events)
 
     def _read_all_journals(self) -> list[SpendEvent]:
         events: list[SpendEvent] = []

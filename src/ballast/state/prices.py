@@ -1,0 +1,82 @@
+"""What models cost: a built-in table of list prices, overridden by the config's `prices`, and
+the lookup that finds a model's price by the deployment's configured model first, then by
+the name the upstream reported, with a date suffix stripped (`gpt-4o-2024-08-06`,
+`claude-3-5-haiku-20241022` are priced as `gpt-4o`, `claude-3-5-haiku`).
+
+The built-in figures are US dollars per million tokens (input, output, cached input) and the
+longest answer the model gives (`max_output_tokens`), from the providers' public pricing and
+model pages as of 2025-06 (openai.com/api/pricing, anthropic.com/pricing,
+ai.google.dev/gemini-api/docs/pricing, mistral.ai/pricing); for Gemini the figure for
+prompts up to 128k (1.5) or 200k (2.5 Pro) tokens. Prices change: configure your own to be
+sure; a configured price always wins."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from ballast.config import ModelPrice
+
+# name: (input, output, cached input, max output tokens)
+_BUILT_IN: dict[str, tuple[float, float, float | None, int | None]] = {
+    "gpt-4o": (2.50, 10.00, 1.25, 16_384),
+    "gpt-4o-mini": (0.15, 0.60, 0.075, 16_384),
+    "gpt-4.1": (2.00, 8.00, 0.50, 32_768),
+    "gpt-4.1-mini": (0.40, 1.60, 0.10, 32_768),
+    "gpt-4.1-nano": (0.10, 0.40, 0.025, 32_768),
+    "o1": (15.00, 60.00, 7.50, 100_000),
+    "o3-mini": (1.10, 4.40, 0.55, 100_000),
+    "gpt-3.5-turbo": (0.50, 1.50, None, 4_096),
+    "text-embedding-3-small": (0.02, 0.0, None, None),
+    "text-embedding-3-large": (0.13, 0.0, None, None),
+    "claude-opus-4": (15.00, 75.00, 1.50, 32_000),
+    "claude-sonnet-4": (3.00, 15.00, 0.30, 64_000),
+    "claude-3-7-sonnet": (3.00, 15.00, 0.30, 64_000),
+    "claude-3-5-sonnet": (3.00, 15.00, 0.30, 8_192),
+    "claude-3-5-haiku": (0.80, 4.00, 0.08, 8_192),
+    "claude-3-opus": (15.00, 75.00, 1.50, 4_096),
+    "claude-3-haiku": (0.25, 1.25, 0.03, 4_096),
+    "gemini-2.5-pro": (1.25, 10.00, None, 65_536),
+    "gemini-2.0-flash": (0.10, 0.40, 0.025, 8_192),
+    "gemini-1.5-pro": (1.25, 5.00, None, 8_192),
+    "gemini-1.5-flash": (0.075, 0.30, None, 8_192),
+    "mistral-large": (2.00, 6.00, None, None),
+}
+
+BUILT_IN: dict[str, ModelPrice] = {
+    name: ModelPrice(input=i, output=o, cached_input=c, max_output_tokens=m)
+    for name, (i, o, c, m) in _BUILT_IN.items()
+}
+
+# A trailing release date: -2024-07-18, -20241022, @20241022, or -latest.
+_DATED = re.compile(r"(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8})|-latest)$")
+
+
+def undated(model: str) -> str:
+    return _DATED.sub("", model)
+
+
+class PriceBook:
+    """Prices by model name: the config's, then the built-in table; exact names first."""
+
+    def __init__(self, configured: Mapping[str, ModelPrice], built_in: bool = True) -> None:
+        self._prices: dict[str, ModelPrice] = {**(BUILT_IN if built_in else {}), **configured}
+        self._found: dict[str, ModelPrice | None] = {}
+
+    def get(self, model: str | None) -> ModelPrice | None:
+        if not model:
+            return None
+        found = self._found.get(model, self)
+        if found is not self:
+            return found  # type: ignore[return-value]
+        price = self._prices.get(model)
+        if price is None:
+            base = undated(model.rsplit("/", 1)[-1])
+            price = self._prices.get(undated(model)) or self._prices.get(base)
+        if len(self._found) > 10_000:
+            self._found.clear()  # bounded: upstreams report what they like
+        self._found[model] = price
+        return price
+
+    def __contains__(self, model: str) -> bool:
+        return self.get(model) is not None
