@@ -11,7 +11,7 @@ import orjson
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure, Kind
 from ballast.upstream.codec import Decoder, Wire
-from ballast.upstream.sse import DONE, SseSplitter, event_data
+from ballast.upstream.sse import DONE, MAX_EVENT_BYTES, SseSplitter, event_data
 
 FINISH = {
     "end_turn": "stop",
@@ -164,8 +164,10 @@ class AnthropicWire(Wire):
         }
         return orjson.dumps(payload), payload
 
-    def decoder(self) -> Decoder:
-        return MessageStream(self.model, self.created, self.usage_wanted, self.trim)
+    def decoder(self, max_event_bytes: int = MAX_EVENT_BYTES) -> Decoder:
+        return MessageStream(
+            self.model, self.created, self.usage_wanted, self.trim, max_event_bytes
+        )
 
     def failure(
         self,
@@ -209,10 +211,17 @@ class MessageStream:
         "id",
     )
 
-    def __init__(self, model: str, created: int, usage_wanted: bool, trim: bool = False) -> None:
+    def __init__(
+        self,
+        model: str,
+        created: int,
+        usage_wanted: bool,
+        trim: bool = False,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+    ) -> None:
         self._trim = trim
         self._failure: Failure | None = None
-        self._sse = SseSplitter()
+        self._sse = SseSplitter(max_event_bytes)
         self._model = model
         self.created = created
         self.id = ""

@@ -47,6 +47,37 @@ class OutboundCall(Protocol):
     def credential(self) -> str: ...
 
 
+class EditedCall:
+    """A call sent with other edits than its own (asked for as a stream, a field a provider
+    refuses left out); everything else is the client's request as it came."""
+
+    __slots__ = ("_call", "edits")
+
+    def __init__(self, call: OutboundCall, edits: dict[str, Any]) -> None:
+        self._call = call
+        self.edits = edits
+
+    @property
+    def path(self) -> str:
+        return self._call.path
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        return self._call.payload
+
+    @property
+    def raw(self) -> bytes:
+        return self._call.raw
+
+    @property
+    def model(self) -> str:
+        return self._call.model
+
+    @property
+    def credential(self) -> str:
+        return self._call.credential
+
+
 class SessionSource(Protocol):
     """A durable (credential, model) -> session id map, for providers with sessions."""
 

@@ -33,6 +33,7 @@ from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
 from ballast.upstream.codec import Decoder, Wire
 from ballast.upstream.eventstream import EventStreamDecoder, EventStreamError
+from ballast.upstream.sse import MAX_EVENT_BYTES
 
 log = logging.getLogger("ballast.providers.bedrock")
 
@@ -46,8 +47,10 @@ class BedrockDecoder:
 
     __slots__ = ("_frames", "_held", "_stream", "_usage")
 
-    def __init__(self, ids: Ids, usage: bool, trim: bool = False) -> None:
-        self._frames = EventStreamDecoder()
+    def __init__(
+        self, ids: Ids, usage: bool, trim: bool = False, max_event_bytes: int = MAX_EVENT_BYTES
+    ) -> None:
+        self._frames = EventStreamDecoder(max_event_bytes)
         self._stream = ConverseStream(ids, trim)
         self._usage = usage
         self._held = Deferred()
@@ -77,8 +80,8 @@ class BedrockWire(ChatWire):
     stream_type = STREAM_TYPE
     trim: bool  # the prefill went without its trailing whitespace
 
-    def decoder(self) -> Decoder:
-        return BedrockDecoder(self._ids, self._usage, self.trim)
+    def decoder(self, max_event_bytes: int = MAX_EVENT_BYTES) -> Decoder:
+        return BedrockDecoder(self._ids, self._usage, self.trim, max_event_bytes)
 
 
 def _parse_error(

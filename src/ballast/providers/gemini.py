@@ -26,7 +26,7 @@ from ballast.providers.native import malformed as malformed_event
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
 from ballast.upstream.codec import Decoder, Wire
-from ballast.upstream.sse import SseSplitter, event_data
+from ballast.upstream.sse import MAX_EVENT_BYTES, SseSplitter, event_data
 
 
 def _parse_error(
@@ -40,8 +40,8 @@ class GeminiDecoder:
 
     __slots__ = ("_held", "_sse", "_stream", "_usage")
 
-    def __init__(self, ids: Ids, usage: bool) -> None:
-        self._sse = SseSplitter()
+    def __init__(self, ids: Ids, usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._sse = SseSplitter(max_event_bytes)
         self._stream = GeminiStream(ids)
         self._usage = usage
         self._held = Deferred()
@@ -71,8 +71,8 @@ class GeminiDecoder:
 class GeminiWire(ChatWire):
     __slots__ = ()
 
-    def decoder(self) -> Decoder:
-        return GeminiDecoder(self._ids, self._usage)
+    def decoder(self, max_event_bytes: int = MAX_EVENT_BYTES) -> Decoder:
+        return GeminiDecoder(self._ids, self._usage, max_event_bytes)
 
 
 class GeminiAdapter(NativeAdapter):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from ballast.cache.replay import assemble
 from ballast.config import ModelGroup
-from ballast.providers.base import OutboundCall
+from ballast.providers.base import EditedCall, OutboundCall
 from ballast.resilience.clock import Clock
 from ballast.resilience.failures import Failure
 from ballast.routing.attempt import Attempt
@@ -43,38 +43,14 @@ def streamable(call: Call) -> bool:
     return not (payload.get("logprobs") or payload.get("best_of") or payload.get("echo"))
 
 
-class AsStream:
+def as_stream(call: Call) -> EditedCall:
     """A client request for a whole answer, as sent to ask the upstream for a stream of it
     (with the usage that the answer carries)."""
-
-    __slots__ = ("_call", "edits")
-
-    def __init__(self, call: Call) -> None:
-        self._call = call
-        if call.path == "/responses":  # its stream always ends with the usage
-            self.edits = {**call.edits, "stream": True}
-        else:
-            self.edits = {**call.edits, "stream": True, "stream_options": {"include_usage": True}}
-
-    @property
-    def path(self) -> str:
-        return self._call.path
-
-    @property
-    def payload(self) -> dict[str, Any]:
-        return self._call.payload
-
-    @property
-    def raw(self) -> bytes:
-        return self._call.raw
-
-    @property
-    def model(self) -> str:
-        return self._call.model
-
-    @property
-    def credential(self) -> str:
-        return self._call.credential
+    if call.path == "/responses":  # its stream always ends with the usage
+        return EditedCall(call, {**call.edits, "stream": True})
+    return EditedCall(
+        call, {**call.edits, "stream": True, "stream_options": {"include_usage": True}}
+    )
 
 
 @dataclass(slots=True)
@@ -188,9 +164,9 @@ class Dispatch:
         self, attempt: Attempt, attempts: Attempts, call: Call, model: str
     ) -> Awaitable[Reply]:
         target = attempt.target
-        as_stream = AsStream(call)
-        body = target.adapter.body(as_stream, model)
-        wire = target.adapter.wire(as_stream, model, body, True)
+        streamed = as_stream(call)
+        body = target.adapter.body(streamed, model)
+        wire = target.adapter.wire(streamed, model, body, True)
         path = call.path
         return self._routed(
             attempt,

@@ -18,7 +18,7 @@ import orjson
 
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
-from ballast.upstream.sse import SseSplitter
+from ballast.upstream.sse import MAX_EVENT_BYTES, SseSplitter
 
 
 class Decoder(Protocol):
@@ -62,9 +62,10 @@ class Wire:
             raise ValueError("not an object")
         return data, payload
 
-    def decoder(self) -> Decoder:
-        """A fresh decoder for one stream; the base splits OpenAI's SSE."""
-        return SseSplitter()
+    def decoder(self, max_event_bytes: int = MAX_EVENT_BYTES) -> Decoder:
+        """A fresh decoder for one stream, refusing an event past `max_event_bytes`; the
+        base splits OpenAI's SSE."""
+        return SseSplitter(max_event_bytes)
 
     def failure(
         self,

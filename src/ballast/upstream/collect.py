@@ -58,7 +58,11 @@ async def collect(
             response.release()
         return reply_of(response, data, upstream, wire)
     stream = UpstreamStream(
-        upstream, response, clock, watchdog, None if wire is None else wire.decoder()
+        upstream,
+        response,
+        clock,
+        watchdog,
+        None if wire is None else wire.decoder(upstream.max_event_bytes),
     )
     stream.until = until
     events: list[bytes] = []

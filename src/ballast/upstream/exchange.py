@@ -355,7 +355,11 @@ async def open_stream(
             deployment=upstream.id,
         )
     stream = UpstreamStream(
-        upstream, response, clock, watchdog, None if wire is None else wire.decoder()
+        upstream,
+        response,
+        clock,
+        watchdog,
+        None if wire is None else wire.decoder(upstream.max_event_bytes),
     )
     stream.until = until
     held: list[bytes] = []

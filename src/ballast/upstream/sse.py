@@ -15,6 +15,10 @@ class EventTooLarge(ValueError):
     """An event grew past the splitter's `max_event` bytes without ending."""
 
 
+# The largest event a stream may send (`upstream.max_event_bytes` by default).
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+
+
 class SseSplitter:
     """Cuts a byte stream into complete events (without their blank-line terminator). An
     unfinished event past `max_event` bytes raises EventTooLarge, and is dropped.
@@ -25,7 +29,7 @@ class SseSplitter:
 
     __slots__ = ("_cr", "_parts", "_size", "max_event")
 
-    def __init__(self, max_event: int = 4 * 1024 * 1024) -> None:
+    def __init__(self, max_event: int = MAX_EVENT_BYTES) -> None:
         self._parts: list[bytes] = []  # the unfinished event, in pieces
         self._size = 0
         self._cr = False  # the last piece ended in CR, held back: it may begin a CRLF
