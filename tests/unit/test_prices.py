@@ -13,7 +13,7 @@ from ballast.pipeline.pricing import Pricing
 from ballast.state.db import Database
 from ballast.state.keys import KeyService
 from ballast.state.prices import BUILT_IN, PriceBook, undated
-from ballast.state.spend import cost_of
+from ballast.state.spend import cached_tokens, cost_of
 
 
 @pytest.mark.parametrize(
@@ -86,3 +86,28 @@ async def test_unpriced_deployments_are_named_at_start_up_when_a_budget_is_set(
         assert access.unpriced_with_budgets == ["b"]  # the gauge's series
     finally:
         await db.close()
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {
+            "prompt_tokens": 1000,
+            "completion_tokens": 10,
+            "prompt_tokens_details": {"cached_tokens": 800},
+        },
+        {"input_tokens": 1000, "output_tokens": 10, "input_tokens_details": {"cached_tokens": 800}},
+        {"prompt_tokens": 1000, "completion_tokens": 10, "cache_read_input_tokens": 800},
+    ],
+)
+def test_prompt_tokens_served_from_the_cache_cost_the_cached_input_price(usage: dict) -> None:
+    prices = {"m": ModelPrice(input=2.0, output=8.0, cached_input=0.5)}
+    cached = cached_tokens(usage)
+    assert cached == 800
+    # 200 fresh at $2, 800 cached at $0.50, 10 out at $8, per million
+    assert cost_of(prices, "m", 1000, 10, cached) == pytest.approx((200 * 2 + 800 * 0.5 + 80) / 1e6)
+    # Without a cached price they cost the input price; never more cached than prompt.
+    plain = {"m": ModelPrice(input=2.0, output=8.0)}
+    assert cost_of(plain, "m", 1000, 10, cached) == pytest.approx((2000 + 80) / 1e6)
+    assert cost_of(prices, "m", 100, 0, 800) == pytest.approx(100 * 0.5 / 1e6)
+    assert cached_tokens({"prompt_tokens_details": {"cached_tokens": True}}) == 0

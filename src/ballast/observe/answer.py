@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ballast.state.spend import cost_of
+from ballast.state.spend import cached_tokens, cost_of
 
-# (answered model, deployment, prompt tokens, completion tokens) -> dollars
-CostOf = Callable[[str, str | None, int, int], float]
+# (answered model, deployment, prompt, completion and cached prompt tokens) -> dollars
+CostOf = Callable[[str, str | None, int, int, int], float]
 
 # Where upstreams put their own id of a request (OpenAI, Anthropic, AWS, Azure).
 _UPSTREAM_ID_HEADERS = (b"x-request-id", b"request-id", b"x-amzn-requestid", b"apim-request-id")
@@ -64,24 +64,14 @@ class Answer:
             return cls(key_id, provider, shape, False)
         prompt, completion = tokens
         model = request.answered_model or request.model
-        if cost_of_answer is not None:  # the gateway's own pricing, the same as spend's
-            cost = cost_of_answer(model, deployment, prompt, completion)
-        else:
-            cost = cost_of(router.settings.prices, model, prompt, completion) if router else 0.0
         cached = cached_tokens(request.usage)
+        if cost_of_answer is not None:  # the gateway's own pricing, the same as spend's
+            cost = cost_of_answer(model, deployment, prompt, completion, cached)
+        elif router is not None:
+            cost = cost_of(router.settings.prices, model, prompt, completion, cached)
+        else:
+            cost = 0.0
         return cls(key_id, provider, shape, True, prompt, completion, cached, cost)
-
-
-def cached_tokens(usage: Any) -> int:
-    """Input tokens the upstream served from its prompt cache, in OpenAI's usage shape
-    (chat or responses) or Anthropic's."""
-    if not isinstance(usage, dict):
-        return 0
-    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
-    value = details.get("cached_tokens") if isinstance(details, dict) else None
-    if value is None:
-        value = usage.get("cache_read_input_tokens")
-    return value if type(value) is int and value > 0 else 0
 
 
 def upstream_request_id(headers: Any) -> str | None:

@@ -21,7 +21,7 @@ from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.budgets import Budgets, Hold
 from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
 from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter
-from ballast.state.spend import SpendRecorder, period_of
+from ballast.state.spend import SpendRecorder, cached_tokens, period_of
 from ballast.state.teams import Team, TeamService
 
 log = logging.getLogger("ballast.access")
@@ -326,7 +326,11 @@ class Access:
             self._give_back(ticket.holds, None)
             return
         now = self.clock.time()
-        cost = 0.0 if cached else self.pricing.cost(model, deployment, prompt, completion)
+        cost = (
+            0.0
+            if cached
+            else self.pricing.cost(model, deployment, prompt, completion, cached_tokens(usage))
+        )
         if self.budgets is not None:
             for hold in ticket.holds:
                 self.budgets.settle(hold, cost)

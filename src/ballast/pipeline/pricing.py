@@ -61,10 +61,13 @@ class Pricing:
         self._group_prices[id(group)] = entry
         return entry
 
-    def cost(self, model: str, deployment: str | None, prompt: int, completion: int) -> float:
+    def cost(
+        self, model: str, deployment: str | None, prompt: int, completion: int, cached: int = 0
+    ) -> float:
         """Dollars for an answer: priced by the deployment's configured model first, then by
-        the model the upstream reported (date suffixes stripped)."""
+        the model the upstream reported (date suffixes stripped); `cached` prompt tokens at
+        the cached-input price."""
         configured = self._deployment_models.get(deployment) if deployment else None
         if configured is not None and configured in self.prices:
             model = configured
-        return cost_of(self.prices, model, prompt, completion)
+        return cost_of(self.prices, model, prompt, completion, cached)

@@ -90,15 +90,34 @@ def cost_of(
     model: str,
     prompt_tokens: int,
     completion_tokens: int,
+    cached_tokens: int = 0,
 ) -> float:
-    """Dollars for one response; prices are per million tokens. An unpriced model costs 0."""
+    """Dollars for one response; prices are per million tokens. An unpriced model costs 0.
+    Prompt tokens served from the upstream's cache (`cached_tokens`, part of the prompt)
+    cost the model's `cached_input` price where it has one."""
     price = prices.get(model)
     if price is None:
         return 0.0
     # Conditionals, not max(): this runs for every answer, and each builtin call costs more.
     prompt = prompt_tokens if prompt_tokens > 0 else 0
     completion = completion_tokens if completion_tokens > 0 else 0
-    return (prompt * price.input + completion * price.output) / 1_000_000
+    dollars = prompt * price.input + completion * price.output
+    if cached_tokens > 0 and price.cached_input is not None:
+        cached = cached_tokens if cached_tokens < prompt else prompt
+        dollars -= cached * (price.input - price.cached_input)
+    return dollars / 1_000_000
+
+
+def cached_tokens(usage: Any) -> int:
+    """Input tokens the upstream served from its prompt cache, in OpenAI's usage shape
+    (chat or responses) or Anthropic's."""
+    if not isinstance(usage, dict):
+        return 0
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    if value is None:
+        value = usage.get("cache_read_input_tokens")
+    return value if type(value) is int and value > 0 else 0
 
 
 def period_of(budget_period: str, now: float) -> str:
