@@ -385,13 +385,13 @@ def test_requests_are_counted_by_shape(gateway: Gateway) -> None:
 
 
 def test_a_spent_budget_is_a_rate_limit_error_in_anthropic_shape(keyed: Gateway) -> None:
-    key, key_id = new_key(keyed, budget=20.0, budget_period="total")
+    key, key_id = new_key(keyed, budget=50.0, budget_period="total")
     api = client(keyed, key)
-    api.messages.create(model="claude", max_tokens=100, messages=HI)  # $18
+    api.messages.create(model="claude", max_tokens=20, messages=HI)  # $18
     assert spend_of(keyed, key_id, 18.0) == pytest.approx(18.0)
-    api.messages.create(model="claude", max_tokens=100, messages=HI)  # $36 > $20
-    time.sleep(1.2)  # the budget's figure is read again at most once a second
+    # The next one's worst case (20 output tokens and the prompt's estimate, about $45) does
+    # not fit in the $32 left: refused before it goes upstream.
     with pytest.raises(anthropic.RateLimitError) as info:
-        api.messages.create(model="claude", max_tokens=100, messages=HI)
+        api.messages.create(model="claude", max_tokens=20, messages=HI)
     assert info.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
     assert "budget" in info.value.body["error"]["message"]  # type: ignore[index]
