@@ -35,7 +35,7 @@ def _start(procs: ProcessGroup, workdir: Path, upstream: tg.Upstream, name: str,
     target = tg._serve(
         procs, name, cmd, workdir / f"{name}.log", {"PYTHONPATH": str(src)}, port, name
     )
-    if target.url is None:
+    if not target.ok:
         raise SystemExit(f"{name}: {target.unavailable}")
     return target.url
 
