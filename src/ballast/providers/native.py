@@ -5,6 +5,7 @@ and errors come back as chat. Only chat completions have a native translation.""
 from __future__ import annotations
 
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -21,12 +22,13 @@ Ids = tuple[str, int, str]
 Chunks = list[dict[str, Any]]
 
 
-class NativeAdapter(Adapter):
+class NativeAdapter(Adapter, ABC):
     """Base of the Gemini, Vertex and Bedrock adapters: subclasses say `translate` (chat
     payload -> provider body) and build their Wire."""
 
+    @abstractmethod
     def translate(self, payload: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
+        """The chat payload (edits applied) as the provider's request body."""
 
     def body(self, call: OutboundCall, model: str, prefill: str | None = None) -> bytes:
         if call.path != "/chat/completions":
@@ -51,11 +53,13 @@ class NativeAdapter(Adapter):
             return None
         return "POST", self.probe_path(model), self.probe_body()
 
+    @abstractmethod
     def probe_path(self, model: str) -> str:
-        raise NotImplementedError
+        """The path of a one-token request to `model`."""
 
+    @abstractmethod
     def probe_body(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The body of that one-token request."""
 
     def ids(self, model: str) -> Ids:
         """The id, creation time and model of one translated answer."""
