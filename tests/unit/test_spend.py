@@ -248,6 +248,30 @@ async def test_key_spend_adds_unflushed_and_separates_periods(
     assert await recorder.key_spend("k1", "2024-01") == 1.5
 
 
+async def test_a_flush_that_commits_while_spend_is_read_counts_once(
+    make_recorder: Callable[..., SpendRecorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unflushed figure is taken before the total is read: a flush committing in
+    between must not leave its batch in both."""
+    recorder = make_recorder()
+    await recorder.start()
+    recorder.record(event(cost=2.0))
+    read_total = recorder._committed_total
+    flushed_meanwhile = False
+
+    async def total_while_a_flush_commits(kp: Any) -> float:
+        nonlocal flushed_meanwhile
+        if not flushed_meanwhile:
+            flushed_meanwhile = True
+            await recorder.flush()
+        return await read_total(kp)
+
+    monkeypatch.setattr(recorder, "_committed_total", total_while_a_flush_commits)
+    assert await recorder.key_spend("k1", "total") == 2.0
+    assert flushed_meanwhile
+    await recorder.close()
+
+
 async def test_duplicate_ids_are_written_once(
     db: FlakyDatabase, make_recorder: Callable[..., SpendRecorder]
 ) -> None:

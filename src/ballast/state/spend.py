@@ -163,6 +163,7 @@ class SpendRecorder(FlushSide):
         # Events only in memory: new ones, and the batch a flush is writing right now.
         self._pending = EventBuffer()
         self._inflight = EventBuffer()
+        self.commits = 0  # flushes committed: a reader that spans one reads again
         # Events in the journal files, not yet known to be committed.
         self._journal_totals: dict[_KeyPeriod, float] = {}
         # What this instance committed (inserted rows only), for the cached database sums.
@@ -264,9 +265,19 @@ class SpendRecorder(FlushSide):
     # -- reading -----------------------------------------------------------------------
 
     async def key_spend(self, key_id: str, period: str) -> float:
-        """A key's spend for a period, across instances: the Redis counter (seeded from the
-        database when missing) when Redis is usable, else the database sum; plus what this
-        instance has not flushed yet."""
+        """A key's spend for a period, across instances: the shared total plus what this
+        instance has not flushed yet. A flush that commits while the total is read would
+        count its batch twice (in the total and in what was unflushed): read again then."""
+        for _ in range(3):
+            commits = self.commits
+            spent = await self._key_spend(key_id, period)
+            if self.commits == commits:
+                break
+        return spent
+
+    async def _key_spend(self, key_id: str, period: str) -> float:
+        """The Redis counter (seeded from the database when missing) when Redis is usable,
+        else the database sum; plus what this instance has not flushed yet."""
         kp = (key_id, period)
         local = self.unflushed(key_id, period)
         if self.store is not None:

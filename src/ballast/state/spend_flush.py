@@ -94,6 +94,7 @@ class FlushSide(JournalSide):
     retry_at: float
     db_attempts: int
     rechecks: int
+    commits: int
     _rng: random.Random
     _committed: dict[_KeyPeriod, float]
     _stale_counters: set[str]
@@ -148,6 +149,7 @@ class FlushSide(JournalSide):
             # Committed: only now does the batch leave memory, its write-ahead segments and
             # the replay file go.
             self._inflight = EventBuffer()
+            self.commits += 1
             remove(owned)
             if replay:
                 with contextlib.suppress(FileNotFoundError):
