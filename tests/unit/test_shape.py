@@ -7,7 +7,7 @@ from typing import Any
 
 from ballast.pipeline.errors import ApiError
 from ballast.pipeline.respond import Responder
-from ballast.pipeline.shape import Shape, TranslatedSend
+from ballast.pipeline.shape import Rendering, TranslatedSend
 from ballast.types import Message
 
 
@@ -25,7 +25,7 @@ class Upper:
         return b"END\n\n"
 
 
-class Loud(Shape):
+class Loud(Rendering):
     name = "loud"
     translates = True
 

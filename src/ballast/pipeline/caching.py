@@ -31,7 +31,7 @@ from ballast.pipeline.asgi import (
 )
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import bad_request
-from ballast.pipeline.shape import Shape, TranslatedSend
+from ballast.pipeline.shape import Rendering, TranslatedSend
 
 if TYPE_CHECKING:
     from ballast.pipeline.access import Access
@@ -98,7 +98,7 @@ async def send_hit(
     lookup: Lookup,
     extra: list[tuple[bytes, bytes]],
     include_usage: bool,
-    shape: Shape,
+    shape: Rendering,
 ) -> None:
     """The kept (chat) answer, in the client's shape: as it is for OpenAI's."""
     assert lookup.body is not None

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from ballast.pipeline.asgi import JSON, send_bytes
 from ballast.pipeline.errors import ApiError
-from ballast.pipeline.shape import Shape
+from ballast.pipeline.shape import Rendering
 from ballast.types import Message, Send
 
 Headers = list[tuple[bytes, bytes]]
@@ -49,7 +49,7 @@ class HeaderAllowlist:
         return out
 
 
-_OPENAI = Shape()
+_OPENAI = Rendering()
 
 
 class Responder:
@@ -58,7 +58,7 @@ class Responder:
 
     __slots__ = ("_send", "extra", "shape", "started", "streaming")
 
-    def __init__(self, send: Send, extra: Headers, shape: Shape = _OPENAI) -> None:
+    def __init__(self, send: Send, extra: Headers, shape: Rendering = _OPENAI) -> None:
         self._send = send
         self.extra = extra  # Ballast's own headers on whatever answer goes out
         self.shape = shape

@@ -19,7 +19,10 @@ they are."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
+
+import orjson
 
 from ballast.pipeline.asgi import Scope, header
 from ballast.pipeline.context import RequestContext
@@ -39,25 +42,19 @@ class StreamTranslator(Protocol):
         ...
 
 
-class Shape:
-    """The base of every shape, and the OpenAI shape's rendering: errors in OpenAI's form,
-    answers and streams as the upstream sent them."""
+class Rendering:
+    """How a request's answers, streams and errors look to its client. This base is OpenAI's
+    own rendering (the pipeline's terms: nothing to translate); every other shape overrides
+    what differs. The Responder uses it alone where no shape is named."""
 
     name: ClassVar[str] = "openai"
     # False: answers, streams and passthrough bodies are already in the client's shape.
     translates: ClassVar[bool] = False
 
-    def parse(self, path: str, body: bytes) -> RequestContext:
-        """The client's body as the pipeline's (chat) request; ApiError for a bad one."""
-        raise NotImplementedError
-
-    def authorization(self, scope: Scope) -> bytes | None:
-        """The credential, as an `Authorization` header value (what the key lookup reads)."""
-        return header(scope, b"authorization")
-
     def answer(self, ctx: RequestContext, payload: dict[str, Any]) -> bytes:
-        """A whole chat answer in the shape's body (only asked of translating shapes)."""
-        raise NotImplementedError
+        """A whole chat answer in the shape's body (asked of translating shapes only; here
+        the chat answer itself)."""
+        return orjson.dumps(payload)
 
     def translator(self, ctx: RequestContext) -> StreamTranslator | None:
         """A new translator for one stream; None when the chat events are the shape's."""
@@ -74,6 +71,18 @@ class Shape:
     def passthrough(self, status: int, body: bytes) -> tuple[int, bytes]:
         """(status, body) for an upstream's own refusal, given in OpenAI's shape."""
         return status, body
+
+
+class Shape(Rendering, ABC):
+    """An inbound API: its rendering, and how its requests are read."""
+
+    @abstractmethod
+    def parse(self, path: str, body: bytes) -> RequestContext:
+        """The client's body as the pipeline's (chat) request; ApiError for a bad one."""
+
+    def authorization(self, scope: Scope) -> bytes | None:
+        """The credential, as an `Authorization` header value (what the key lookup reads)."""
+        return header(scope, b"authorization")
 
 
 class TranslatedSend:
