@@ -1,9 +1,18 @@
--- wrk script: a non-streaming chat completion request, and a JSON summary at the end.
+-- wrk script: a non-streaming request (a chat completion unless told), and a JSON summary.
 wrk.method = "POST"
-wrk.body = '{"model": "bench-model", "messages": [{"role": "user", "content": "hi"}]}'
+-- BENCH_BODY: the same request on another API shape (load.SHAPES); the chat one by default.
+wrk.body = os.getenv("BENCH_BODY") or
+   '{"model": "bench-model", "messages": [{"role": "user", "content": "hi"}]}'
 wrk.headers["Content-Type"] = "application/json"
--- The key comes from BENCH_KEY: a virtual key for the keys+limits+spend variants.
-wrk.headers["Authorization"] = "Bearer " .. (os.getenv("BENCH_KEY") or "sk-bench")
+-- The key comes from BENCH_KEY (a virtual key for the keys+limits+spend variants), as a
+-- bearer token or in the header BENCH_KEY_HEADER names (x-api-key for Anthropic's API).
+local key = os.getenv("BENCH_KEY") or "sk-bench"
+local key_header = os.getenv("BENCH_KEY_HEADER")
+if key_header then
+   wrk.headers[key_header] = key
+else
+   wrk.headers["Authorization"] = "Bearer " .. key
+end
 -- Headers a target needs on every request (Portkey's name the upstream): "name: value|...".
 for pair in string.gmatch(os.getenv("BENCH_HEADERS") or "", "[^|]+") do
    local name, value = string.match(pair, "^([^:]+):%s*(.*)$")

@@ -11,10 +11,17 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent / "chat.lua"
 # The request each inbound API shape sends (a target's `shape`).
-SCRIPTS = {
-    "openai": SCRIPT,
-    "messages": SCRIPT.with_name("messages.lua"),
-    "responses": SCRIPT.with_name("responses.lua"),
+# What a request of each inbound API shape (a target's `shape`) changes in chat.lua's: its
+# body, the header that carries the key (else a bearer token) and headers of its own.
+SHAPES: dict[str, dict[str, str]] = {
+    "openai": {},
+    "messages": {
+        "BENCH_BODY": '{"model": "bench-model", "max_tokens": 256,'
+        ' "messages": [{"role": "user", "content": "hi"}]}',
+        "BENCH_KEY_HEADER": "x-api-key",
+        "headers": "anthropic-version: 2023-06-01",
+    },
+    "responses": {"BENCH_BODY": '{"model": "bench-model", "input": "hi"}'},
 }
 MARKER = "BENCH_JSON "
 
@@ -79,11 +86,13 @@ def run_wrk(
         "10s",
         "--latency",
         "-s",
-        str(SCRIPTS[shape]),
+        str(SCRIPT),
         url,
     ]
-    shown = "|".join(f"{name}: {value}" for name, value in (headers or {}).items())
-    env = {**os.environ, "BENCH_KEY": key, "BENCH_HEADERS": shown}
+    wire = dict(SHAPES[shape])
+    own = [wire.pop("headers")] if "headers" in wire else []
+    own += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    env = {**os.environ, **wire, "BENCH_KEY": key, "BENCH_HEADERS": "|".join(own)}
     done = subprocess.run(
         cmd, capture_output=True, text=True, timeout=seconds + 30, check=False, env=env
     )

@@ -57,7 +57,7 @@ class Target:
     unavailable: str = ""
     note: str = ""
     key: str = "sk-bench"  # sent as the bearer token
-    shape: str = "openai"  # the inbound API its requests speak (load.SCRIPTS)
+    shape: str = "openai"  # the inbound API its requests speak (load.SHAPES)
     # Headers a target needs on every request (Portkey's name the upstream), and on streams.
     headers: dict[str, str] = field(default_factory=dict)
     stream_headers: dict[str, str] = field(default_factory=dict)
