@@ -1,6 +1,7 @@
 """The floor: a featureless pass-through that shows what Python itself costs.
 
-uvicorn (httptools, uvloop) serving a raw ASGI app with one pooled aiohttp session:
+uvicorn (httptools, uvloop) serving a raw ASGI app with one pooled aiohttp session (no
+connection limit, like Ballast's in the long-stream bench, so no stream waits for a slot):
 it forwards the POST body to ``BARE_UPSTREAM`` + the request path and relays status and
 body; event streams are relayed chunk by chunk. Usage:
 ``python bench/bare_passthrough.py PORT [UPSTREAM_BASE_URL]``.
@@ -25,7 +26,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                connector = aiohttp.TCPConnector(limit=512, keepalive_timeout=300)
+                connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=300)
                 state["s"] = aiohttp.ClientSession(connector=connector)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":

@@ -101,6 +101,10 @@ def _stall_round(pid: int, port: int, round_number: int) -> int:
             peak = max(peak, rss(pid))
             time.sleep(0.05)
         assert _gone(port) == STALLED * round_number
+        # The request log and the requests family say the same, not `ok`.
+        assert _counter(port, "ballast_requests_total", 'outcome="client_gone"') == (
+            STALLED * round_number
+        )
         assert all(_cut(sock) for sock in clients)
     finally:
         for sock in clients:
