@@ -4,7 +4,7 @@ speaks ASGI takes its types from here, so none needs to import the API layer for
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -16,3 +16,28 @@ Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 # connection whose writes stayed paused for `client_write_timeout` (the client stopped
 # reading): the disconnect the app sees then is counted as such.
 WRITE_TIMED_OUT = "ballast.write_timed_out"
+
+# A scope key set by Ballast's server protocol: a `BodyWriter` for the response of this
+# request. Absent under other servers, where every body goes through `send`.
+BODY_WRITER = "ballast.body_writer"
+
+
+class BodyWriter(Protocol):
+    """A started, chunked streaming response's body written without `send`: for a relay that
+    forwards each upstream chunk from the connection's own callback, so no task wakes and no
+    coroutine runs per chunk. The server's framing and flow control, nothing else: what the
+    app wraps around `send` does not see these bytes."""
+
+    @property
+    def open(self) -> bool:
+        """The response is a started chunked body and its client is still there."""
+        ...
+
+    def write(self, body: bytes) -> bool:
+        """Write `body` as one chunk; False once the client's buffer is full (wait in `drain`
+        before writing more) or the client has gone."""
+        ...
+
+    async def drain(self) -> None:
+        """Until the client's buffer has room again, or the client is gone."""
+        ...

@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
 from ballast.cache.flight import SingleFlight
-from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.resilience import failures
 from ballast.resilience.clock import SYSTEM_CLOCK, ManualClock
 from ballast.resilience.failures import Failure
@@ -67,33 +66,6 @@ async def keep_answering(reader: asyncio.StreamReader, writer: asyncio.StreamWri
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
-    """Start a loopback server; returns its base URL."""
-    servers: list[asyncio.Server] = []
-    writers: list[asyncio.StreamWriter] = []
-
-    async def start(handler: Handler) -> str:
-        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            writers.append(writer)
-            try:
-                await handler(reader, writer)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                pass
-            finally:
-                writer.close()
-
-        server = await asyncio.start_server(run, "127.0.0.1", 0)
-        servers.append(server)
-        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
-
-    yield start
-    for writer in writers:
-        writer.close()
-    for server in servers:
-        server.close()
-
-
-@pytest.fixture
 def blackhole() -> Iterator[int]:
     """A loopback port whose connects hang: a listener that never accepts, its queue full (the
     kernel then drops further SYNs, as a firewall that drops packets would)."""
@@ -113,22 +85,6 @@ def blackhole() -> Iterator[int]:
     yield port
     for sock in [*fillers, listener]:
         sock.close()
-
-
-@pytest.fixture
-async def upstreams() -> AsyncIterator[Callable[..., Awaitable[Upstream]]]:
-    started: list[Upstream] = []
-
-    async def make(url: str, clock: ManualClock, pool_size: int = 4, **timeouts: float) -> Upstream:
-        deployment = Deployment(id="d", url=url, pool_size=pool_size)
-        upstream = Upstream(deployment, Timeouts(**timeouts), UpstreamSettings(), clock=clock)
-        await upstream.start()
-        started.append(upstream)
-        return upstream
-
-    yield make
-    for upstream in started:
-        await upstream.close()
 
 
 async def turns(n: int = 5) -> None:

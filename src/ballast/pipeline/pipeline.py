@@ -56,7 +56,7 @@ from ballast.resilience.failures import Action, Failure
 from ballast.routing.attempts import Attempts
 from ballast.routing.dispatch import OpenStream
 from ballast.routing.router import Router
-from ballast.types import Message, Receive, Scope, Send
+from ballast.types import BODY_WRITER, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from ballast.cache.service import ResponseCache
@@ -110,7 +110,7 @@ class Pipeline:
         self, scope: Scope, receive: Receive, send: Send, path: str, shape: Shape
     ) -> None:
         rid = request_id(scope)
-        responder = Responder(send, [(b"x-request-id", rid)], shape)
+        responder = Responder(send, [(b"x-request-id", rid)], shape, scope.get(BODY_WRITER))
         watch: DisconnectWatch | None = None
         ctx: RequestContext | None = None
         try:
@@ -261,6 +261,8 @@ class Pipeline:
         ctx.upstream_headers = opened.stream.headers
         relay = Relay(self.router.dispatch, ctx, group, opened, attempts, self.continuation)
         relay.strip_usage = strip_usage
+        if send == responder.send:  # nothing reads or reshapes the body on its way
+            relay.writer = responder.writer
         try:
             if not responder.started:
                 await send(self._stream_start(responder, opened))

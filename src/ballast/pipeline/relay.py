@@ -20,6 +20,7 @@ from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.routing.attempts import Attempts
 from ballast.routing.dispatch import Dispatch, OpenStream
+from ballast.types import BodyWriter
 from ballast.upstream.sse import event_data
 
 log = logging.getLogger("ballast.relay")
@@ -71,6 +72,11 @@ class Relay:
         self._original: Failure | None = None
         # True while the piece just yielded is the stream's last: it may end the response.
         self.ending = False
+        # Set by the pipeline when nothing transforms the body on its way: once a first piece
+        # went through `send`, the rest is forwarded as it arrives (UpstreamStream.pump).
+        self.writer: BodyWriter | None = None
+        self._yielded = False
+        self._blocked = False  # the writer's client buffer is full: drain before pumping
 
     @property
     def deployment(self) -> str:
@@ -103,11 +109,20 @@ class Relay:
                         return
                     if out:
                         self.ending = stream.state.done
+                        self._yielded = True
                         yield out
                 if stream.state.done:
                     self._end(None)
                     return
                 try:
+                    writer = self.writer
+                    if writer is not None and self._yielded and self._splice is None:
+                        if self._blocked:
+                            self._blocked = False
+                            await writer.drain()
+                        if writer.open:
+                            pending = await stream.pump(self._forward)
+                            continue
                     pending = await stream.next_events()
                 except Failure as failure:
                     self._end(failure)
@@ -120,6 +135,17 @@ class Relay:
                     pending = recovered
         finally:
             self.close()
+
+    def _forward(self, events: list[bytes]) -> bool:
+        """A pumped stream's events, straight to the client; False to pause the pump."""
+        writer = self.writer
+        if writer is None:
+            return False
+        out = self._filter(events)
+        if out and not writer.write(out):
+            self._blocked = True
+            return False
+        return True
 
     def _filter(self, events: list[bytes]) -> bytes:
         if self.strip_usage:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from ballast.pipeline.asgi import JSON, send_bytes
 from ballast.pipeline.errors import ApiError
 from ballast.pipeline.shape import Rendering
-from ballast.types import Message, Send
+from ballast.types import BodyWriter, Message, Send
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -56,10 +56,17 @@ class Responder:
     """Wraps the client's `send` and notes when the response started: the one guard every
     stage asks before it answers. Errors take the form of the client's API `shape`."""
 
-    __slots__ = ("_send", "extra", "shape", "started", "streaming")
+    __slots__ = ("_send", "extra", "shape", "started", "streaming", "writer")
 
-    def __init__(self, send: Send, extra: Headers, shape: Rendering = _OPENAI) -> None:
+    def __init__(
+        self,
+        send: Send,
+        extra: Headers,
+        shape: Rendering = _OPENAI,
+        writer: BodyWriter | None = None,
+    ) -> None:
         self._send = send
+        self.writer = writer  # the server's, for a body forwarded without `send`
         self.extra = extra  # Ballast's own headers on whatever answer goes out
         self.shape = shape
         self.started = False

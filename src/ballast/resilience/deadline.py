@@ -74,6 +74,11 @@ class Watchdog:
             self._when = deadline
         return self
 
+    def extend(self, deadline: float) -> None:
+        """Move the guarded block's deadline while it runs (a pumped stream's next chunk came):
+        no timer is touched; the armed one re-arms itself for the rest when it fires."""
+        self._deadline = deadline
+
     def _fire(self) -> None:
         self._handle = None
         task = self._task

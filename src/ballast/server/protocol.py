@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
-from ballast.types import WRITE_TIMED_OUT
+from ballast.types import BODY_WRITER, WRITE_TIMED_OUT
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -35,6 +35,39 @@ def _raw_error(status: int, message: str, code: str) -> bytes:
             body,
         ]
     )
+
+
+class CycleBodyWriter:
+    """`types.BodyWriter` over one uvicorn request cycle: the chunk framing and the flow
+    control of the cycle's own `send`, as a plain call (`send` is a coroutine per chunk)."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = cycle
+
+    @property
+    def open(self) -> bool:
+        cycle = self._cycle
+        return (
+            cycle.response_started
+            and cycle.chunked_encoding is True
+            and not cycle.response_complete
+            and not cycle.disconnected
+            and cycle.scope["method"] != "HEAD"
+        )
+
+    def write(self, body: bytes) -> bool:
+        cycle = self._cycle
+        if cycle.disconnected:
+            return False
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return not cycle.flow.write_paused
+
+    async def drain(self) -> None:
+        cycle = self._cycle
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
 
 
 class _HeadersTooLarge(Exception):
@@ -168,6 +201,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._headers_pending = False
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # not an upgrade
+            self.scope[BODY_WRITER] = CycleBodyWriter(cycle)  # type: ignore[literal-required]
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)

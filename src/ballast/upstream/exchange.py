@@ -5,6 +5,7 @@ A whole answer read as a stream is collect.py's."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -167,6 +168,9 @@ class UpstreamStream:
         self._eof = False
         self._failure: Failure | None = None
         self.until = math.inf  # monotonic: the attempt's deadline bounds the whole stream
+        self._alive = False  # the last chunk completed an event (the upstream is alive)
+        self._forward: Callable[[list[bytes]], bool] | None = None  # while pumping
+        self._pumped: list[bytes] | BaseException | None = None  # why the pump stopped
 
     @property
     def exhausted(self) -> bool:
@@ -200,58 +204,135 @@ class UpstreamStream:
                     with self._watchdog.until(min(deadline, self.until)):
                         chunk = await content.readany()
             except TimeoutError:
-                if self.until <= self._clock.monotonic():
-                    raise Failure(
-                        failures.REQUEST_TIMEOUT,
-                        "the request's time ran out mid-stream",
-                        deployment=self.upstream.id,
-                    ) from None
-                raise Failure(
-                    failures.INTER_CHUNK_TIMEOUT
-                    if self.state.output
-                    else failures.FIRST_TOKEN_TIMEOUT,
-                    "upstream went silent",
-                    deployment=self.upstream.id,
-                ) from None
+                raise self._silent() from None
             except HttpError:
-                raise Failure(
-                    failures.STREAM_CUT,
-                    "upstream connection broke mid-stream",
-                    deployment=self.upstream.id,
-                ) from None
+                raise self._cut() from None
             if not chunk:
                 return self._finish(out)
-            try:
-                events = self._splitter.feed(chunk)
-            except EventTooLarge:
-                del chunk
-                raise Failure(
-                    failures.BAD_RESPONSE,
-                    "the upstream sent an event larger than max_event_bytes"
-                    f" ({self.upstream.max_event_bytes} bytes)",
-                    deployment=self.upstream.id,
-                ) from None
-            except Failure as failure:  # a provider's in-band error
-                failure.deployment = self.upstream.id
-                raise
-            for event in events:
-                try:
-                    taken = self._take(event)
-                except Failure as failure:
-                    if not out:
-                        raise
-                    # What came before the error reaches the client first: the stream's
-                    # state already counts it as sent.
-                    self._failure = failure
-                    return out
-                if taken:
-                    out.append(event + b"\n\n")
-                if self.state.done:
-                    self._eof = True
-                    return out
-            if events and not fixed:
+            self._alive = False
+            out = self._events_of(chunk)
+            if self._alive and not fixed:
                 deadline = None
+            if self._failure is not None or self._eof:
+                return out
         return out
+
+    async def pump(self, forward: Callable[[list[bytes]], bool]) -> list[bytes]:
+        """`next_events` for a relay that can write to its client at once: each chunk's
+        events go to `forward` from the connection's callback as they arrive, so neither a
+        task nor a coroutine runs per chunk; the inter-chunk clock moves with one clock read
+        per chunk. Returns what `next_events` would for the rest: the events that end the
+        stream (for the caller to relay as its last piece), or raises its Failure. Returns []
+        early when `forward` said False (the client's buffer is full: drain it, then pump
+        again); what arrives meanwhile waits, bounded, in the answer's buffer."""
+        content = self.response
+        if self._failure is not None or self._eof or content.pending or content.complete:
+            return await self.next_events()
+        if content.failed:
+            raise self._cut()
+        self._forward = forward
+        self._pumped = None
+        content.consumer = self._on_chunk
+        try:
+            deadline = self._clock.monotonic() + self._inter_chunk
+            with self._watchdog.until(min(deadline, self.until)):
+                while self._pumped is None and not content.complete and not content.failed:
+                    await content.wait()
+        except TimeoutError:
+            raise self._silent() from None
+        finally:
+            content.consumer = None
+            self._forward = None
+        pumped, self._pumped = self._pumped, None
+        if isinstance(pumped, BaseException):
+            raise pumped
+        if pumped is not None and (pumped or not self._eof):
+            return pumped
+        return await self.next_events()  # the answer ended or broke: read what is left
+
+    def _on_chunk(self, chunk: bytes) -> None:
+        """One chunk of a pumped stream, in the connection's callback: nothing may raise
+        into it, so what must stop the pump is handed to its task."""
+        try:
+            self._alive = False
+            events = self._events_of(chunk)
+            if self._alive:
+                self._watchdog.extend(min(self._clock.monotonic() + self._inter_chunk, self.until))
+            if self._eof:
+                self._stop(events)  # the last piece: the task relays it
+            elif events and not self._forward_now(events):
+                self._stop([])
+            elif self._failure is not None:
+                self._stop([])
+        except Exception as error:  # a Failure, or a fault of ours: the task's to raise
+            self._stop(error)
+
+    def _forward_now(self, events: list[bytes]) -> bool:
+        forward = self._forward
+        return forward is not None and forward(events)
+
+    def _stop(self, result: list[bytes] | BaseException) -> None:
+        self.response.consumer = None
+        self._pumped = result
+        self.response.wake()
+
+    def _events_of(self, chunk: bytes) -> list[bytes]:
+        """The whole events of `chunk` a client may see (the rest waits in the splitter);
+        `_alive` notes that an event, of any kind, completed. An in-band error raises if no
+        event came before it; otherwise it waits in `_failure`, for the next read."""
+        try:
+            events = self._splitter.feed(chunk)
+        except EventTooLarge:
+            del chunk
+            raise Failure(
+                failures.BAD_RESPONSE,
+                "the upstream sent an event larger than max_event_bytes"
+                f" ({self.upstream.max_event_bytes} bytes)",
+                deployment=self.upstream.id,
+            ) from None
+        except Failure as failure:  # a provider's in-band error
+            failure.deployment = self.upstream.id
+            raise
+        out: list[bytes] = []
+        if events:
+            self._alive = True
+        for event in events:
+            try:
+                taken = self._take(event)
+            except Failure as failure:
+                if not out:
+                    raise
+                # What came before the error reaches the client first: the stream's
+                # state already counts it as sent.
+                self._failure = failure
+                return out
+            if taken:
+                out.append(event + b"\n\n")
+            if self.state.done:
+                self._eof = True
+                return out
+        return out
+
+    def _silent(self) -> Failure:
+        """The failure of a wait that ran out of time."""
+        if self.until <= self._clock.monotonic():
+            return Failure(
+                failures.REQUEST_TIMEOUT,
+                "the request's time ran out mid-stream",
+                deployment=self.upstream.id,
+            )
+        return Failure(
+            failures.INTER_CHUNK_TIMEOUT if self.state.output else failures.FIRST_TOKEN_TIMEOUT,
+            "upstream went silent",
+            deployment=self.upstream.id,
+        )
+
+    def _cut(self) -> Failure:
+        return Failure(
+            failures.STREAM_CUT,
+            "upstream connection broke mid-stream",
+            deployment=self.upstream.id,
+        )
 
     def _take(self, event: bytes) -> bool:
         """Record one event; False for events that must not reach the client. Runs for every

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol, Self, TypeVar
 
 from ballast.resilience.clock import Clock, Timer
@@ -65,6 +66,7 @@ class Response:
         "_until_eof",
         "_waiter",
         "complete",
+        "consumer",
         "headers_done",
         "high_water",
         "keep_alive",
@@ -93,6 +95,9 @@ class Response:
         # reader sets less (an event stream: its reader relays what it takes at once).
         self.high_water = conn.pool.high_water
         self._drain: Timer | None = None  # released, the rest being discarded
+        # A reader that takes the body as it arrives, in the connection's callback (an event
+        # stream's pump), instead of having it buffered and its task woken for each piece.
+        self.consumer: Callable[[bytes], None] | None = None
 
     @property
     def headers(self) -> Headers:
@@ -155,6 +160,24 @@ class Response:
         body = b"".join(parts)
         return body if limit < 0 else body[:limit]
 
+    @property
+    def failed(self) -> bool:
+        return self._error is not None
+
+    @property
+    def pending(self) -> bool:
+        """Body bytes are buffered (or wait to be inflated) for a reader to take."""
+        return bool(self._chunks or self._compressed)
+
+    async def wait(self) -> None:
+        """Until the body ends, the connection fails or `wake` is called: for a `consumer`,
+        which is handed the bytes themselves."""
+        if not self.complete and self._error is None:
+            await self._wait()
+
+    def wake(self) -> None:
+        self._wake()
+
     async def wait_headers(self) -> None:
         while not self.headers_done:
             if self._error is not None:
@@ -191,6 +214,10 @@ class Response:
         self._append(data)
 
     def _append(self, data: bytes) -> None:
+        consumer = self.consumer
+        if consumer is not None:
+            consumer(data)
+            return
         self._chunks.append(data)
         self._buffered += len(data)
         conn = self._conn
