@@ -7,7 +7,12 @@ One timer serves every stream: each tick writes the next chunk of every stream d
 upstream's own cost stays small next to the gateways it feeds. Raw asyncio on uvloop; HTTP
 /1.1 keep-alive with chunked answers; `GET /health` answers `ok`.
 
-``python bench/tick_upstream.py PORT [--tokens 200] [--spacing 0.02]``
+Whole answers come at once, or `--answer-delay` seconds after their request (an upstream that
+takes as long as a short generation, for the sustained-load bench); with that delay a stream
+is short too: its role, one token and its end, all written once the delay is over (a gateway
+that asks for a stream to assemble a whole answer waits as long as one that does not).
+
+``python bench/tick_upstream.py PORT [--tokens 200] [--spacing 0.02] [--answer-delay 0.02]``
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ _WHOLE = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 
     _ANSWER,
 )
 _END = _event({}, "stop") + _USAGE + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+_SHORT_STREAM = _HEAD + _ROLE + _TOKEN.replace(b"@" * 19, b"0" * 19) + _END
 
 
 class Ticker:
@@ -102,6 +108,7 @@ class Ticker:
 
 class Stream(asyncio.Protocol):
     ticker: Ticker
+    answer_delay = 0.0
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -122,6 +129,10 @@ class Stream(asyncio.Protocol):
     def finish(self) -> None:
         self.busy = False
         self._next()
+
+    def _answer(self, answer: bytes) -> None:
+        self.write(answer)
+        self.finish()
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -147,6 +158,11 @@ class Stream(asyncio.Protocol):
             elif head.startswith(b"get"):
                 self.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
                 self.write(b"content-length: %d\r\n\r\n%s" % (len(_MODELS), _MODELS))
+            elif self.answer_delay > 0:  # the next request waits for this answer
+                self.busy = True
+                streamed = b'"stream":true' in body.replace(b" ", b"")
+                answer = _SHORT_STREAM if streamed else _WHOLE
+                asyncio.get_running_loop().call_later(self.answer_delay, self._answer, answer)
             elif b'"stream":true' not in body.replace(b" ", b""):
                 self.write(_WHOLE)  # a whole answer (gateways' smoke tests ask for one)
             else:
@@ -155,9 +171,10 @@ class Stream(asyncio.Protocol):
                 self.ticker.streams[self] = 0
 
 
-async def serve(port: int, tokens: int, spacing: float) -> None:
+async def serve(port: int, tokens: int, spacing: float, answer_delay: float = 0.0) -> None:
     ticker = Ticker(tokens, spacing)
     Stream.ticker = ticker
+    Stream.answer_delay = answer_delay
     loop = asyncio.get_running_loop()
     server = await loop.create_server(Stream, "127.0.0.1", port, backlog=8192)
     async with server:
@@ -169,8 +186,9 @@ def main() -> None:
     parser.add_argument("port", type=int)
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--spacing", type=float, default=0.02)
+    parser.add_argument("--answer-delay", type=float, default=0.0)
     args = parser.parse_args()
-    uvloop.run(serve(args.port, args.tokens, args.spacing))
+    uvloop.run(serve(args.port, args.tokens, args.spacing, args.answer_delay))
 
 
 if __name__ == "__main__":
