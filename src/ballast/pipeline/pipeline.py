@@ -247,6 +247,7 @@ class Pipeline:
     ) -> None:
         send = responder.send
         strip_usage = ctx.usage_added
+        recorder: StreamRecorder | None = None
         translator = responder.shape.translator(ctx)
         if translator is not None:  # the shape reads the usage chunk; it never reaches the client
             send = TranslatedSend(send, translator).send
@@ -261,8 +262,9 @@ class Pipeline:
         ctx.upstream_headers = opened.stream.headers
         relay = Relay(self.router.dispatch, ctx, group, opened, attempts, self.continuation)
         relay.strip_usage = strip_usage
-        if send == responder.send:  # nothing reads or reshapes the body on its way
+        if recorder is None:  # nothing keeps the body; a translator may reshape it
             relay.writer = responder.writer
+            relay.translator = translator
         try:
             if not responder.started:
                 await send(self._stream_start(responder, opened))

@@ -15,6 +15,7 @@ import orjson
 from ballast.config import ModelGroup
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import error_event
+from ballast.pipeline.shape import StreamTranslator
 from ballast.pipeline.splice import Diverged, Sent, Splice
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
@@ -72,9 +73,11 @@ class Relay:
         self._original: Failure | None = None
         # True while the piece just yielded is the stream's last: it may end the response.
         self.ending = False
-        # Set by the pipeline when nothing transforms the body on its way: once a first piece
-        # went through `send`, the rest is forwarded as it arrives (UpstreamStream.pump).
+        # Set by the pipeline when nothing keeps the body on its way (a shape's translator may
+        # reshape it): once a first piece went through `send`, the rest is forwarded as it
+        # arrives (UpstreamStream.pump).
         self.writer: BodyWriter | None = None
+        self.translator: StreamTranslator | None = None  # the shape's, shared with its send
         self._yielded = False
         self._blocked = False  # the writer's client buffer is full: drain before pumping
 
@@ -142,6 +145,8 @@ class Relay:
         if writer is None:
             return False
         out = self._filter(events)
+        if out and self.translator is not None:
+            out = self.translator.feed(out)
         if out and not writer.write(out):
             self._blocked = True
             return False
