@@ -34,7 +34,15 @@ import httptools
 import uvloop
 
 import targets as tg
-from procs import ProcessGroup, cpu_seconds, free_port, signals_as_interrupt, tree_pids, wait_ready
+from procs import (
+    ProcessGroup,
+    cpu_seconds,
+    free_port,
+    signals_as_interrupt,
+    system_cpu_seconds,
+    tree_pids,
+    wait_ready,
+)
 
 TOKENS = 200
 SPACING = 0.02
@@ -55,6 +63,7 @@ class Round:
     ttft: list[float] = field(default_factory=list)  # seconds
     latency: list[int] = field(default_factory=list)  # ns, upstream write -> client read
     cpu_s: float = 0.0
+    system_s: float = 0.0  # the kernel's share of cpu_s
     peak_mb: float = 0.0
     idle_mb: float = 0.0
     health_ms: list[float] = field(default_factory=list)
@@ -192,6 +201,7 @@ def measure(target: tg.Target, health: str, streams: int) -> Round:
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(target, health, result, stop), daemon=True)
     cpu = cpu_seconds(target.pid)
+    system = system_cpu_seconds(target.pid)
     started = time.monotonic()
     watcher.start()
     ramp = min(2.0, streams / 500)  # streams begin spread over this long
@@ -208,6 +218,7 @@ def measure(target: tg.Target, health: str, streams: int) -> Round:
         watcher.join(10)
     result.seconds = time.monotonic() - started
     result.cpu_s = cpu_seconds(target.pid) - cpu
+    result.system_s = system_cpu_seconds(target.pid) - system
     return result
 
 
@@ -253,12 +264,13 @@ def report(rounds: list[Round], targets: dict[str, tg.Target], args: argparse.Na
         f"{platform.python_version()}, Linux {platform.release()}. One client process.",
         "",
         "Latency: from the upstream writing a token to the client reading it; added: beyond "
-        "direct's in the same round. CPU: the gateway's process tree. RSS: its peak above "
+        "direct's in the same round. CPU: the gateway's process tree, in user code and in the "
+        "kernel (its socket calls). RSS: its peak above "
         "idle. Health: its `/health` (or root) answer time while streaming, p99.",
         "",
         "| target | N | ok | errors | TTFT p50 / p99 ms | latency p50 / p99 ms "
-        "| added p50 / p99 ms | CPU µs/token | CPU ms/stream | RSS MB/stream | peak RSS MB "
-        "| health p99 ms |",
+        "| added p50 / p99 ms | CPU µs/token (user + system) | CPU ms/stream | RSS MB/stream "
+        "| peak RSS MB | health p99 ms |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     direct = {r.streams: r for r in rounds if r.target == "direct"}
@@ -269,6 +281,7 @@ def report(rounds: list[Round], targets: dict[str, tg.Target], args: argparse.Na
         add50 = lat50 - _pct(base.latency, 0.5) / 1e6 if base else float("nan")
         add99 = lat99 - _pct(base.latency, 0.99) / 1e6 if base else float("nan")
         per_token = r.cpu_s / r.tokens * 1e6 if r.tokens else float("nan")
+        kernel = r.system_s / r.tokens * 1e6 if r.tokens else float("nan")
         per_stream = r.cpu_s / r.streams * 1e3
         rss = max(0.0, r.peak_mb - r.idle_mb) / r.streams
         err = f"{r.errors}" + (f" ({r.first_error[:60]})" if r.errors else "")
@@ -276,7 +289,8 @@ def report(rounds: list[Round], targets: dict[str, tg.Target], args: argparse.Na
             f"| {r.target} | {r.streams} | {r.ok} | {err} "
             f"| {_pct(r.ttft, 0.5) * 1e3:.0f} / {_pct(r.ttft, 0.99) * 1e3:.0f} "
             f"| {lat50:.1f} / {lat99:.1f} | {add50:.1f} / {add99:.1f} "
-            f"| {per_token:.0f} | {per_stream:.1f} | {rss:.3f} | {r.peak_mb:.0f} "
+            f"| {per_token:.0f} ({per_token - kernel:.0f} + {kernel:.0f}) | {per_stream:.1f} "
+            f"| {rss:.3f} | {r.peak_mb:.0f} "
             f"| {_pct(r.health_ms, 0.99):.0f} |"
         )
     lines += ["", "Targets:", ""]

@@ -120,18 +120,27 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-def _cpu_one(pid: int) -> float:
+def _cpu_one(pid: int, system: bool | None = None) -> float:
+    """User + system CPU seconds of `pid`; only system (True) or only user (False)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
     # After the comm field: state(0) ... utime(11) stime(12)
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    user, kernel = int(fields[11]), int(fields[12])
+    if system is None:
+        return (user + kernel) / _TICK
+    return (kernel if system else user) / _TICK
 
 
 def cpu_seconds(root: int) -> float:
     """User + system CPU seconds of the live process tree under ``root``."""
     return sum(_cpu_one(pid) for pid in tree_pids(root))
+
+
+def system_cpu_seconds(root: int) -> float:
+    """The system (kernel) share of `cpu_seconds`: the syscalls' own cost, for one."""
+    return sum(_cpu_one(pid, system=True) for pid in tree_pids(root))
 
 
 def _hwm_kb(pid: int) -> int:
