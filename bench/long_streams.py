@@ -229,6 +229,23 @@ def _pct(values: list[Any], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
+def start_tick(procs: ProcessGroup, workdir: Path, *options: str) -> tg.Upstream:
+    """bench/tick_upstream.py on a free loopback port, with its command-line `options`."""
+    port = free_port()
+    cmd = [sys.executable, str(tg.BENCH / "tick_upstream.py"), str(port), *options]
+    proc = procs.start(cmd, workdir / "tick.log")
+    wait_ready(f"http://127.0.0.1:{port}/health", proc, 20, workdir / "tick.log")
+    return tg.Upstream(port, proc.pid)
+
+
+def publish(table: str, out: Path | None) -> None:
+    """Print the tables, and append them to `out` when given."""
+    print(table)
+    if out:
+        with out.open("a") as file:
+            file.write("\n" + table)
+
+
 def start(name: str, procs: ProcessGroup, workdir: Path, upstream: tg.Upstream) -> tg.Target:
     if name == "direct":
         url = upstream.base + "/v1/chat/completions"
@@ -319,12 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         procs = ProcessGroup()
         try:
-            port = free_port()
-            cmd = [sys.executable, str(tg.BENCH / "tick_upstream.py"), str(port)]
-            cmd += ["--tokens", str(TOKENS), "--spacing", str(SPACING)]
-            proc = procs.start(cmd, workdir / "tick.log")
-            wait_ready(f"http://127.0.0.1:{port}/health", proc, 20, workdir / "tick.log")
-            upstream = tg.Upstream(port, proc.pid)
+            pace = ["--tokens", str(TOKENS), "--spacing", str(SPACING)]
+            upstream = start_tick(procs, workdir, *pace)
             targets = {name: start(name, procs, workdir, upstream) for name in names}
             for name, target in targets.items():
                 print(f"{name}: {target.stream_url or 'UNAVAILABLE ' + target.unavailable}")
@@ -344,11 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             print("interrupted")
         finally:
             procs.stop_all()
-    table = report(rounds, targets if rounds else {}, args)
-    print(table)
-    if args.out:
-        with args.out.open("a") as out:
-            out.write("\n" + table)
+    publish(report(rounds, targets if rounds else {}, args), args.out)
     return 0
 
 

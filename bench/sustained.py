@@ -28,7 +28,7 @@ from pathlib import Path
 import long_streams
 import targets as tg
 from load import WrkResult, run_wrk
-from procs import ProcessGroup, cpu_seconds, free_port, signals_as_interrupt, wait_ready
+from procs import ProcessGroup, cpu_seconds, signals_as_interrupt
 
 ANSWER_DELAY = 0.02
 STEPS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -147,12 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         procs = ProcessGroup()
         try:
-            port = free_port()
-            cmd = [sys.executable, str(tg.BENCH / "tick_upstream.py"), str(port)]
-            cmd += ["--answer-delay", str(ANSWER_DELAY)]
-            proc = procs.start(cmd, workdir / "tick.log")
-            wait_ready(f"http://127.0.0.1:{port}/health", proc, 20, workdir / "tick.log")
-            upstream = tg.Upstream(port, proc.pid)
+            upstream = long_streams.start_tick(procs, workdir, "--answer-delay", str(ANSWER_DELAY))
             found = {name: long_streams.start(name, procs, workdir, upstream) for name in names}
             for name, target in found.items():
                 print(f"{name}: {target.url or 'UNAVAILABLE ' + target.unavailable}")
@@ -161,11 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             print("interrupted")
         finally:
             procs.stop_all()
-    table = report(done, found, args.seconds)
-    print(table)
-    if args.out:
-        with args.out.open("a") as out:
-            out.write("\n" + table)
+    long_streams.publish(report(done, found, args.seconds), args.out)
     return 0
 
 

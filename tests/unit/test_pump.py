@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import pytest
+
 from ballast.resilience import failures
 from ballast.resilience.clock import ManualClock
 from ballast.resilience.failures import Failure
@@ -133,14 +135,11 @@ async def test_an_error_event_mid_pump_fails_after_the_text_before_it_went_on(
     error_event = b'data: {"error":{"message":"overloaded","type":"server_error"}}\n\n'
     await feed.send(chunked(event("!") + error_event))
     assert await asyncio.wait_for(pump, 2.0) == []  # the text went on; the error waits
-    try:
+    with pytest.raises(Failure) as raised:
         await asyncio.wait_for(stream.pump(client.forward), 2.0)
-        raised = None
-    except Failure as failure:
-        raised = failure
     stream.close()
     assert len(client.events) == 1 and b'"!"' in client.events[0]
-    assert raised is not None and raised.kind is failures.SERVER_ERROR
+    assert raised.value.kind is failures.SERVER_ERROR
     assert stream.state.content == "Hi!"
 
 
@@ -152,11 +151,8 @@ async def test_a_connection_broken_mid_pump_is_a_cut_stream(
     pump = asyncio.ensure_future(stream.pump(Client().forward))
     await feed.send(text(" there"))
     feed.parts.put_nowait(None)
-    try:
+    with pytest.raises(Failure) as raised:
         await asyncio.wait_for(pump, 2.0)
-        raised = None
-    except Failure as failure:
-        raised = failure
     stream.close()
-    assert raised is not None and raised.kind is failures.STREAM_CUT
+    assert raised.value.kind is failures.STREAM_CUT
     assert stream.state.content == "Hi there"
