@@ -226,10 +226,8 @@ class UpstreamStream:
         early when `forward` said False (the client's buffer is full: drain it, then pump
         again); what arrives meanwhile waits, bounded, in the answer's buffer."""
         content = self.response
-        if self._failure is not None or self._eof or content.pending or content.complete:
-            return await self.next_events()
-        if content.failed:
-            raise self._cut()
+        if self._failure or self._eof or content.pending or content.complete or content.failed:
+            return await self.next_events()  # what is there already is read as always
         self._forward = forward
         self._pumped = None
         content.consumer = self._on_chunk
