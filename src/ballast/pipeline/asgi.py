@@ -174,3 +174,4 @@ class DisconnectWatch:
             self._timer = None
         if self._watcher is not None:
             self._watcher.cancel()
+            self._watcher = None  # the cancelled task's traceback holds this watch

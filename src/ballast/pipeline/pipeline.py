@@ -160,6 +160,8 @@ class Pipeline:
                     self._settle(ctx, "", None, None)  # 7: frees the slot if nothing did yet
                 if ctx.lookup is not None:
                     ctx.lookup.done()  # identical requests waiting on this one go on
+                if ctx.attempts is not None:
+                    ctx.attempts.end()
 
     def _client_gone(self, ctx: RequestContext | None, rid: bytes, stopped_reading: bool) -> None:
         """The client went away, or stopped reading for `client_write_timeout` (the server

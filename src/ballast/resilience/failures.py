@@ -169,3 +169,14 @@ def drop_references(error: BaseException) -> None:
         if seen.__suppress_context__:
             seen.__context__ = None
         seen = seen.__context__
+
+
+def forget_traceback(error: BaseException) -> None:
+    """Drop the tracebacks of an error handled for good, and of its causes: nothing prints
+    them any more, and each holds the frames it went through, which often hold the error."""
+    seen: BaseException | None = error
+    for _ in range(16):  # a context chain is short; a cycle in it must not loop
+        if seen is None:
+            return
+        seen.__traceback__ = None
+        seen = seen.__cause__ or seen.__context__

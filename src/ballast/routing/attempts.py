@@ -68,6 +68,13 @@ class Attempts:
     def last_failure(self) -> Failure | None:
         return self.failures[-1] if self.failures else None
 
+    def end(self) -> None:
+        """The request is over: its failures let go of their tracebacks. Each went up
+        through frames that hold these attempts, which hold it: a reference cycle per
+        failure, left for the collector, until the traceback goes."""
+        for failure in self.failures:
+            failures.forget_traceback(failure)
+
 
 class _GroupExhausted(Exception):
     pass

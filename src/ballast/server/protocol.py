@@ -11,6 +11,7 @@ headers are pending."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -39,18 +40,22 @@ def _raw_error(status: int, message: str, code: str) -> bytes:
 
 class CycleBodyWriter:
     """`types.BodyWriter` over one uvicorn request cycle: the chunk framing and the flow
-    control of the cycle's own `send`, as a plain call (`send` is a coroutine per chunk)."""
+    control of the cycle's own `send`, as a plain call (`send` is a coroutine per chunk).
+
+    The writer lives in the scope the cycle holds, so it holds the cycle weakly: a strong
+    reference back would make every request a reference cycle, left for the collector."""
 
     __slots__ = ("_cycle",)
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
+        self._cycle = weakref.ref(cycle)
 
     @property
     def open(self) -> bool:
-        cycle = self._cycle
+        cycle = self._cycle()
         return (
-            cycle.response_started
+            cycle is not None
+            and cycle.response_started
             and cycle.chunked_encoding is True
             and not cycle.response_complete
             and not cycle.disconnected
@@ -58,15 +63,15 @@ class CycleBodyWriter:
         )
 
     def write(self, body: bytes) -> bool:
-        cycle = self._cycle
-        if cycle.disconnected:
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected:
             return False
         cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         return not cycle.flow.write_paused
 
     async def drain(self) -> None:
-        cycle = self._cycle
-        if cycle.flow.write_paused and not cycle.disconnected:
+        cycle = self._cycle()
+        if cycle is not None and cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
 
 

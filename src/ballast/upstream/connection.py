@@ -35,7 +35,10 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.origin = origin
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
+        # Made when the socket is, dropped when it closes: the parser holds this
+        # connection's callbacks, so a closed connection keeping it would be a reference
+        # cycle (with the last answer's buffers in it) left for the collector.
+        self.parser: httptools.HttpResponseParser | None = None
         self.response: Response | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -44,6 +47,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.parser = httptools.HttpResponseParser(self)
 
     def send(self, head: bytes, body: bytes) -> Response:
         response = Response(self)
@@ -63,11 +67,12 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         response = self.response
-        if response is None or response.complete:
+        parser = self.parser
+        if response is None or response.complete or parser is None:
             self.abort()  # bytes nobody asked for: the connection is out of step
             return
         try:
-            self.parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             response._fail(BadResponse("upstream switched protocols"))
             self.abort()
@@ -103,6 +108,8 @@ class _Connection(asyncio.Protocol):
         if response is None:
             return
         parser = self.parser
+        if parser is None:
+            return
         status = parser.get_status_code()
         if status < 200:  # 100 Continue and the like: the real answer follows
             response.raw_headers.clear()
@@ -152,6 +159,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.parser = None
         self.pool.forget(self)
         response = self.response
         if response is None or response.complete:

@@ -12,6 +12,8 @@ import uuid
 import zlib
 from dataclasses import dataclass
 
+from ballast.upstream.wire import again
+
 PRELUDE_BYTES = 12
 CRC_BYTES = 4
 MIN_FRAME_BYTES = PRELUDE_BYTES + CRC_BYTES
@@ -53,7 +55,7 @@ class EventStreamDecoder:
         good frames before it: those come back first and the next call raises. The stream
         has lost its framing then, so every later call raises too."""
         if self._error is not None:
-            raise self._error
+            raise again(self._error)
         self._buffer += data
         frames: list[Frame] = []
         try:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Protocol, Self, TypeVar
 
 from ballast.resilience.clock import Clock, Timer
-from ballast.upstream.wire import BadResponse, Headers, HttpError, TooLarge
+from ballast.upstream.wire import BadResponse, Headers, HttpError, TooLarge, again
 
 _Conn = TypeVar("_Conn", contravariant=True)
 
@@ -121,7 +121,7 @@ class Response:
                 self._resume()
             return data
         if self._error is not None:
-            raise self._error
+            raise again(self._error)
         return b""
 
     def at_eof(self) -> bool:
@@ -181,7 +181,7 @@ class Response:
     async def wait_headers(self) -> None:
         while not self.headers_done:
             if self._error is not None:
-                raise self._error
+                raise again(self._error)
             await self._wait()
 
     async def _wait(self) -> None:

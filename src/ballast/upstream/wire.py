@@ -8,12 +8,23 @@ do so. It holds no I/O.
 
 from __future__ import annotations
 
+import copy
 import re
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 MAX_HEAD = 64 * 1024  # the most an answer's status line and headers may take
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def again(error: _E) -> _E:
+    """A stored error to raise once more, as a copy: raised itself, it would keep the
+    traceback of each raise, whose frames hold its owner (an answer, a decoder), which
+    holds it: a reference cycle per failed answer, left for the collector."""
+    return copy.copy(error)
 
 
 class HttpError(Exception):
