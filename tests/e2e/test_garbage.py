@@ -4,7 +4,8 @@ collections, start-up frozen), cyclic garbage piles up between collections, and 
 walks it all while every request of the worker waits; under load that was a pause of
 hundreds of milliseconds every few seconds. Whole answers, slow ones (the disconnect
 watch's task starts), streams, another API's shape, a failover, and a client that leaves
-mid-stream are each checked with the collector off and then asked what it would have had to
+mid-stream, keys with limits and a budget, the response cache, refusals and every provider
+adapter are each checked with the collector off and then asked what it would have had to
 find."""
 
 from __future__ import annotations
@@ -14,13 +15,18 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+# _aws_credentials: the conformance suite's autouse fixture (Bedrock signs with them)
+from tests.e2e.test_provider_conformance import PROVIDERS, _aws_credentials  # noqa: F401
 from tests.e2e.test_routing import MESSAGES, config, ordered
 from tests.stack import Stack, deployment, wait_for
 
+MASTER = "sk-master-for-garbage-tests-0123"
 MINE = ("ballast.", "uvicorn.")
 
 
@@ -107,4 +113,62 @@ def test_a_client_that_leaves_mid_stream_leaves_no_cycles(stack: Stack) -> None:
                 next(answer.iter_bytes())
         wait_for(lambda: gateway.app.in_flight == 0)
         time.sleep(0.2)  # the cut requests' last callbacks run
+    assert not cycles, "\n".join(f"{n} {name}" for name, n in cycles.most_common())
+
+
+def test_keys_limits_cache_continuation_and_errors_leave_no_cycles(
+    stack: Stack, tmp_path: Path
+) -> None:
+    sim = stack.sim("ok?tokens=3")
+    cut = stack.sim("cut?after=2&tokens=6", name="cut")
+    gateway = stack.gateway(
+        config(
+            ordered("chat", deployment("a", sim, "sim-chat")),
+            ordered("cached", deployment("b", sim, "sim-chat"), cache={"ttl": 60}),
+            ordered("cut", deployment("cut", cut, "sim-chat"), deployment("ok", sim, "sim-chat")),
+            server={"master_key": MASTER},
+            state={
+                "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
+                "spend_journal": str(tmp_path / "spend.journal"),
+            },
+            prices={"sim-chat": {"input": 1.0, "output": 1.0}},
+        )
+    )
+    with httpx.Client(base_url=gateway.url, timeout=10) as client:
+        made = client.post(
+            "/admin/keys",
+            json={"name": "t", "rpm": 1000, "max_parallel": 8, "budget": 100.0},
+            headers={"authorization": f"Bearer {MASTER}"},
+        )
+        assert made.status_code == 201, made.text
+        key = {"authorization": f"Bearer {made.json()['key']}"}
+        chat = {"model": "chat", "messages": MESSAGES}
+        client.post("/v1/chat/completions", json=chat, headers=key)  # first use, uncounted
+        with collector_off() as cycles:
+            for model in ("chat", "cached", "cut"):
+                for stream in (False, True, False, True):
+                    body = {**chat, "model": model, "stream": stream}
+                    answer = client.post("/v1/chat/completions", json=body, headers=key)
+                    assert answer.status_code == 200, answer.text
+            refused = [
+                client.post("/v1/chat/completions", json=chat),  # no key
+                client.post("/v1/chat/completions", json={**chat, "model": "nope"}, headers=key),
+                client.post("/v1/chat/completions", content=b"{not json", headers=key),
+                client.post("/v1/messages", json={"model": "chat"}, headers=key),
+            ]
+            assert [r.status_code for r in refused] == [401, 404, 400, 400]
+    assert not cycles, "\n".join(f"{n} {name}" for name, n in cycles.most_common())
+
+
+@pytest.mark.parametrize("provider", list(PROVIDERS))
+def test_every_provider_adapter_leaves_no_cycles(stack: Stack, provider: str) -> None:
+    sim = stack.sim("ok?tokens=3")
+    gateway = stack.gateway(config(ordered("chat", PROVIDERS[provider]("a", sim.url))))
+    chat = {"model": "chat", "messages": MESSAGES}
+    with httpx.Client(base_url=gateway.url, timeout=10) as client:
+        _post(client, "/v1/chat/completions", chat)  # first use, uncounted
+        with collector_off() as cycles:
+            for _ in range(5):
+                _post(client, "/v1/chat/completions", chat)
+                _post(client, "/v1/chat/completions", {**chat, "stream": True})
     assert not cycles, "\n".join(f"{n} {name}" for name, n in cycles.most_common())
