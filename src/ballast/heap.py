@@ -6,7 +6,8 @@ full collections, which walk every object the imports made, came several times a
 about 13 % of a request's CPU in the benchmark. What start-up made (modules, settings,
 routes, pools) lives as long as the process, so it is frozen out of the collector's sight,
 and young collections come less often. Cyclic garbage is still collected, in fewer and
-smaller passes.
+larger passes: a request must make none (docs/architecture.md, tests/e2e/test_garbage.py),
+or the garbage of thousands of them waits for one pass that stalls every request.
 
 A config reload retires a whole generation (router, pools, handlers) that start-up made:
 frozen, its reference cycles would never be collected, so once it is closed the heap is
