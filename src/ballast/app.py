@@ -248,6 +248,7 @@ def app_from_env() -> BallastApp:
 
     from ballast.config import load_settings
     from ballast.observe.logs import setup_logging
+    from ballast.server.accept import GatewayLoop
     from ballast.server.protocol import GuardedHttpToolsProtocol
 
     setup_logging(
@@ -261,5 +262,6 @@ def app_from_env() -> BallastApp:
         app.clock,
         settings.server.client_write_timeout,
     )
+    GatewayLoop.accept_batch = settings.server.accept_batch
     app.config_path = os.environ["BALLAST_CONFIG"]
     return app

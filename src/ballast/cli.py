@@ -134,7 +134,7 @@ def serve(
         host=host or settings.server.host,
         port=settings.server.port if port is None else port,
         workers=workers,
-        loop="uvloop",
+        loop="ballast.server.accept:GatewayLoop",  # uvloop, accepting in batches
         lifespan="on",
         access_log=False,
         proxy_headers=proxy_headers,

@@ -489,6 +489,12 @@ class ServerSettings(_Strict):
         " is cut and its upstream connection released (counted as client_gone)",
     )
     shutdown_grace: float = Field(30.0, ge=0, description="SIGTERM: time to finish requests")
+    accept_batch: int = Field(
+        128,
+        ge=1,
+        description="new client connections accepted at once when the listening socket is"
+        " ready (server/accept.py); a burst waits fewer turns of a busy event loop",
+    )
     gc_young_threshold: int = Field(
         10_000,
         ge=0,

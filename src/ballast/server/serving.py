@@ -57,9 +57,19 @@ def run_server(config: uvicorn.Config, reuse_port: bool = True) -> None:
             return
         Multiprocess(config, sockets=[config.bind_socket()]).run()
         return
+    # The socket is bound here rather than by uvicorn, so that it reaches the loop's
+    # `create_server` as a socket, the case server/accept.py serves.
+    sockets = None
+    if config.uds is None and config.fd is None:
+        try:
+            sockets = [listener(config.host, config.port, config.backlog)]
+        except OSError as exc:
+            log.error("cannot listen on %s:%d: %s", config.host, config.port, exc.strerror)
+            sys.exit(STARTUP_FAILURE)
+        log.info("listening on %s:%d", config.host, sockets[0].getsockname()[1])
     server = GatewayServer(config)
     try:
-        server.run()
+        server.run(sockets=sockets)
     except KeyboardInterrupt:
         pass
     if not server.started and config.workers == 1:
@@ -102,6 +112,19 @@ def listeners(host: str, port: int, count: int, backlog: int = 2048) -> list[soc
             sock.close()
         raise
     return sockets
+
+
+def listener(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """One listening socket on (host, port), for a single worker."""
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _family(host: str) -> socket.AddressFamily:
