@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
@@ -160,23 +161,25 @@ def drop_references(error: BaseException) -> None:
     recorded failure lives as long as its request, often in a reference cycle through the
     frame that caught it (which the tuned collector finds late); it must not keep the answer
     it failed on (a body read whole, an aborted read's buffer) alive with it."""
-    seen: BaseException | None = error
-    for _ in range(16):  # a context chain is short; a cycle in it must not loop
-        if seen is None:
-            return
+    for seen in _chain(error):
         if seen.__traceback__ is not None:
             traceback.clear_frames(seen.__traceback__)
         if seen.__suppress_context__:
             seen.__context__ = None
-        seen = seen.__context__
 
 
 def forget_traceback(error: BaseException) -> None:
     """Drop the tracebacks of an error handled for good, and of its causes: nothing prints
     them any more, and each holds the frames it went through, which often hold the error."""
+    for seen in _chain(error):
+        seen.__traceback__ = None
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """An error and its causes (or contexts), each read after the one before was handled."""
     seen: BaseException | None = error
     for _ in range(16):  # a context chain is short; a cycle in it must not loop
         if seen is None:
             return
-        seen.__traceback__ = None
+        yield seen
         seen = seen.__cause__ or seen.__context__
