@@ -89,7 +89,7 @@ def _raw(port: int) -> socket.socket:
 
 
 def _read_all(sock: socket.socket) -> bytes:
-    data = b""
+    data = bytearray()  # appended in place: a long answer read in small chunks stays linear
     while True:
         try:
             chunk = sock.recv(65536)
@@ -98,7 +98,7 @@ def _read_all(sock: socket.socket) -> bytes:
         if not chunk:
             break
         data += chunk
-    return data
+    return bytes(data)
 
 
 def _status_of(data: bytes) -> int:
