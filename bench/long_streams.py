@@ -49,7 +49,7 @@ SPACING = 0.02
 STAMP = b'"content":"'
 BODY = b'{"model":"bench-stream","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 BALLAST_EXTRA = {"upstream": {"pool_size": 10000}, "server": {"max_in_flight": 100000}}
-TARGETS = ("direct", "bare", "ballast", "ballast-2w", "portkey", "litellm")
+TARGETS = ("direct", "nginx-proxy", "bare", "ballast", "ballast-2w", "portkey", "litellm")
 
 
 @dataclass
@@ -68,6 +68,18 @@ class Round:
     idle_mb: float = 0.0
     health_ms: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    spans: list[tuple[float, float]] = field(default_factory=list)  # first token, end (s)
+
+    def peak_streaming(self) -> int:
+        """The most streams that were past their first token and not yet ended at one
+        moment: how many the target really carried at once (one that is slow to accept or
+        answer spreads its N over a longer time)."""
+        moments = [(first, 1) for first, _ in self.spans] + [(end, -1) for _, end in self.spans]
+        current = peak = 0
+        for _, step in sorted(moments):
+            current += step
+            peak = max(peak, current)
+        return peak
 
 
 class StreamClient(asyncio.Protocol):
@@ -79,6 +91,7 @@ class StreamClient(asyncio.Protocol):
         self.done = done
         self.parser = httptools.HttpResponseParser(self)
         self.started = 0.0
+        self.first_at = 0.0
         self.first = False
         self.count = 0
         self.carry = b""
@@ -108,7 +121,8 @@ class StreamClient(asyncio.Protocol):
             if stamp.isdigit():
                 if not self.first:
                     self.first = True
-                    self.result.ttft.append(time.monotonic() - self.started)
+                    self.first_at = time.monotonic()
+                    self.result.ttft.append(self.first_at - self.started)
                 self.result.latency.append(now - int(stamp))
                 self.count += 1
             at = data.find(STAMP, start)
@@ -140,6 +154,8 @@ class StreamClient(asyncio.Protocol):
         self._end()
 
     def _end(self) -> None:
+        if self.first:
+            self.result.spans.append((self.first_at, time.monotonic()))
         if self.transport is not None:
             self.transport.close()
         if not self.done.done():
@@ -250,6 +266,8 @@ def start(name: str, procs: ProcessGroup, workdir: Path, upstream: tg.Upstream) 
     if name == "direct":
         url = upstream.base + "/v1/chat/completions"
         return tg.Target("direct", url=url, stream_url=url, pid=upstream.pid, note="tick upstream")
+    if name == "nginx-proxy":
+        return tg.nginx_proxy(procs, workdir, upstream)
     if name == "bare":
         return tg.bare(procs, workdir, upstream)
     if name == "ballast":
@@ -280,15 +298,17 @@ def report(rounds: list[Round], targets: dict[str, tg.Target], args: argparse.Na
         f"contended: compare targets within a round, not with other runs), Python "
         f"{platform.python_version()}, Linux {platform.release()}. One client process.",
         "",
+        "Streaming at once: the most streams past their first token and not yet ended at one "
+        "moment (a target slow to take streams on runs fewer of its N at a time). "
         "Latency: from the upstream writing a token to the client reading it; added: beyond "
         "direct's in the same round. CPU: the gateway's process tree, in user code and in the "
         "kernel (its socket calls). RSS: its peak above "
         "idle. Health: its `/health` (or root) answer time while streaming, p99.",
         "",
-        "| target | N | ok | errors | TTFT p50 / p99 ms | latency p50 / p99 ms "
-        "| added p50 / p99 ms | CPU µs/token (user + system) | CPU ms/stream | RSS MB/stream "
-        "| peak RSS MB | health p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| target | N | ok | errors | TTFT p50 / p99 ms | streaming at once (peak) "
+        "| latency p50 / p99 ms | added p50 / p99 ms | CPU µs/token (user + system) "
+        "| CPU ms/stream | RSS MB/stream | peak RSS MB | health p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     direct = {r.streams: r for r in rounds if r.target == "direct"}
     for r in rounds:
@@ -305,7 +325,7 @@ def report(rounds: list[Round], targets: dict[str, tg.Target], args: argparse.Na
         lines.append(
             f"| {r.target} | {r.streams} | {r.ok} | {err} "
             f"| {_pct(r.ttft, 0.5) * 1e3:.0f} / {_pct(r.ttft, 0.99) * 1e3:.0f} "
-            f"| {lat50:.1f} / {lat99:.1f} | {add50:.1f} / {add99:.1f} "
+            f"| {r.peak_streaming()} | {lat50:.1f} / {lat99:.1f} | {add50:.1f} / {add99:.1f} "
             f"| {per_token:.0f} ({per_token - kernel:.0f} + {kernel:.0f}) | {per_stream:.1f} "
             f"| {rss:.3f} | {r.peak_mb:.0f} "
             f"| {_pct(r.health_ms, 0.99):.0f} |"

@@ -166,9 +166,59 @@ http {{
 """
 
 
-def nginx_command(prefix: Path, port: int) -> list[str]:
-    """Write the config into ``prefix`` and return the command that serves it."""
+def render_proxy_config(prefix: Path, port: int, upstream_port: int) -> str:
+    """An nginx.conf that relays every request to the upstream on ``upstream_port``
+    unbuffered, one worker process: the floor of any gateway relaying streams on this
+    machine, written in C, with the kernel's share of each token the same as every other."""
+    temp = {name: prefix / name for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")}
+    for path in temp.values():
+        path.mkdir(parents=True, exist_ok=True)
+    return f"""
+worker_processes 1;
+worker_rlimit_nofile 65536;
+daemon off;
+pid {prefix / "nginx.pid"};
+error_log {prefix / "error.log"} warn;
+events {{ worker_connections 32768; }}
+http {{
+    access_log off;
+    server_tokens off;
+    keepalive_requests 10000000;
+    keepalive_timeout 300s;
+    client_body_temp_path {temp["client_body"]};
+    proxy_temp_path {temp["proxy"]};
+    fastcgi_temp_path {temp["fastcgi"]};
+    uwsgi_temp_path {temp["uwsgi"]};
+    scgi_temp_path {temp["scgi"]};
+    upstream tick {{
+        server 127.0.0.1:{upstream_port};
+        keepalive 1024;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location = /health {{
+            default_type text/plain;
+            return 200 'ok';
+        }}
+        location / {{
+            proxy_pass http://tick;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 300s;
+        }}
+    }}
+}}
+"""
+
+
+def nginx_command(prefix: Path, port: int, upstream_port: int | None = None) -> list[str]:
+    """Write the config into ``prefix`` and return the command that serves it: the fixed
+    answers, or with ``upstream_port`` the unbuffered relay to that upstream."""
     binary = shutil.which("nginx") or "/usr/sbin/nginx"
     conf = prefix / "nginx.conf"
-    conf.write_text(render_config(prefix, port))
+    if upstream_port is None:
+        conf.write_text(render_config(prefix, port))
+    else:
+        conf.write_text(render_proxy_config(prefix, port, upstream_port))
     return [binary, "-c", str(conf), "-p", str(prefix), "-e", str(prefix / "error.log")]

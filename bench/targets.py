@@ -141,6 +141,26 @@ def bare(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
     )
 
 
+def nginx_proxy(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
+    """nginx relaying to ``upstream`` unbuffered: what a relay in C costs on this machine."""
+    prefix = workdir / "nginx-proxy"
+    prefix.mkdir()
+    port = free_port()
+    cmd = nginx.nginx_command(prefix, port, upstream.port)
+    proc = procs.start(cmd, workdir / "proxy.log")
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base + "/health", proc, 10, prefix / "error.log")
+    version = subprocess.run([cmd[0], "-v"], capture_output=True, text=True, check=False)
+    version_text = version.stderr.strip().removeprefix("nginx version: ")
+    return Target(
+        "nginx-proxy",
+        url=base + nginx.NON_STREAM_PATH,
+        stream_url=base + nginx.STREAM_PATH,
+        pid=proc.pid,
+        note=f"{version_text}, 1 worker process, proxy_buffering off",
+    )
+
+
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """Deep-merge ``extra`` into ``base``: mappings merge, everything else replaces."""
     out = dict(base)
