@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import os
 import platform
 import resource
 import sys
@@ -68,6 +69,9 @@ class Round:
     idle_mb: float = 0.0
     health_ms: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    load_s: float = 0.0  # CPU seconds of the client (this process) and the upstream
+    busy_s: float = 0.0  # CPU seconds the whole machine was busy, all cores
+    steal_s: float = 0.0  # CPU seconds the host gave to other guests instead
     spans: list[tuple[float, float]] = field(default_factory=list)  # first token, end (s)
 
     def peak_streaming(self) -> int:
@@ -96,6 +100,7 @@ class StreamClient(asyncio.Protocol):
         self.count = 0
         self.carry = b""
         self.finished = False
+        self.refusal = b""  # the start of a non-200 answer's body, to say why
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -111,6 +116,9 @@ class StreamClient(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         now = time.monotonic_ns()
+        if self.parser.get_status_code() != 200:
+            self.refusal = (self.refusal + body)[:200]
+            return
         data = self.carry + body if self.carry else body
         at = data.find(STAMP)
         while at >= 0:
@@ -131,7 +139,8 @@ class StreamClient(asyncio.Protocol):
     def on_message_complete(self) -> None:
         status = self.parser.get_status_code()
         if status != 200:
-            self._fail(f"HTTP {status}")
+            why = self.refusal.decode("utf-8", "replace").replace("|", "/")
+            self._fail(f"HTTP {status}: {why}" if why else f"HTTP {status}")
         elif self.count < TOKENS:
             self._fail(f"{self.count} tokens of {TOKENS}")
         else:
@@ -210,7 +219,21 @@ def _watch(target: tg.Target, health: str, result: Round, stop: threading.Event)
         stop.wait(0.1)
 
 
-def measure(target: tg.Target, health: str, streams: int) -> Round:
+def _load_seconds(upstream_pid: int) -> float:
+    """CPU seconds of what every target shares: this client and the upstream."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime + cpu_seconds(upstream_pid)
+
+
+def _machine_seconds() -> tuple[float, float]:
+    """Busy and stolen CPU seconds of the whole machine so far (/proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    hz = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / hz, steal / hz
+
+
+def measure(target: tg.Target, health: str, streams: int, upstream_pid: int) -> Round:
     result = Round(target.name, streams)
     host, port, head = _head(target.stream_url, target)
     result.idle_mb = _rss_mb(target.pid)
@@ -218,6 +241,8 @@ def measure(target: tg.Target, health: str, streams: int) -> Round:
     watcher = threading.Thread(target=_watch, args=(target, health, result, stop), daemon=True)
     cpu = cpu_seconds(target.pid)
     system = system_cpu_seconds(target.pid)
+    load = _load_seconds(upstream_pid)
+    busy, steal = _machine_seconds()
     started = time.monotonic()
     watcher.start()
     ramp = min(2.0, streams / 500)  # streams begin spread over this long
@@ -235,6 +260,9 @@ def measure(target: tg.Target, health: str, streams: int) -> Round:
     result.seconds = time.monotonic() - started
     result.cpu_s = cpu_seconds(target.pid) - cpu
     result.system_s = system_cpu_seconds(target.pid) - system
+    result.load_s = _load_seconds(upstream_pid) - load
+    busy_after, steal_after = _machine_seconds()
+    result.busy_s, result.steal_s = busy_after - busy, steal_after - steal
     return result
 
 
@@ -303,12 +331,17 @@ def report(rounds: list[Round], targets: dict[str, tg.Target], args: argparse.Na
         "Latency: from the upstream writing a token to the client reading it; added: beyond "
         "direct's in the same round. CPU: the gateway's process tree, in user code and in the "
         "kernel (its socket calls). RSS: its peak above "
-        "idle. Health: its `/health` (or root) answer time while streaming, p99.",
+        "idle. Health: its `/health` (or root) answer time while streaming, p99. Load: the "
+        "cores the client and the upstream used, on average over the round (every target "
+        "shares them); machine: the cores the whole machine was busy, and those the host "
+        "took for other guests (steal). When load and gateway together need more cores "
+        "than the machine has, every figure of that round measures the machine.",
         "",
         "| target | N | ok | errors | TTFT p50 / p99 ms | streaming at once (peak) "
         "| latency p50 / p99 ms | added p50 / p99 ms | CPU µs/token (user + system) "
-        "| CPU ms/stream | RSS MB/stream | peak RSS MB | health p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| CPU ms/stream | RSS MB/stream | peak RSS MB | health p99 ms "
+        "| load cores | machine busy (steal) cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     direct = {r.streams: r for r in rounds if r.target == "direct"}
     for r in rounds:
@@ -321,14 +354,15 @@ def report(rounds: list[Round], targets: dict[str, tg.Target], args: argparse.Na
         kernel = r.system_s / r.tokens * 1e6 if r.tokens else float("nan")
         per_stream = r.cpu_s / r.streams * 1e3
         rss = max(0.0, r.peak_mb - r.idle_mb) / r.streams
-        err = f"{r.errors}" + (f" ({r.first_error[:60]})" if r.errors else "")
+        err = f"{r.errors}" + (f" ({r.first_error[:100]})" if r.errors else "")
         lines.append(
             f"| {r.target} | {r.streams} | {r.ok} | {err} "
             f"| {_pct(r.ttft, 0.5) * 1e3:.0f} / {_pct(r.ttft, 0.99) * 1e3:.0f} "
             f"| {r.peak_streaming()} | {lat50:.1f} / {lat99:.1f} | {add50:.1f} / {add99:.1f} "
             f"| {per_token:.0f} ({per_token - kernel:.0f} + {kernel:.0f}) | {per_stream:.1f} "
             f"| {rss:.3f} | {r.peak_mb:.0f} "
-            f"| {_pct(r.health_ms, 0.99):.0f} |"
+            f"| {_pct(r.health_ms, 0.99):.0f} | {r.load_s / r.seconds:.2f} "
+            f"| {r.busy_s / r.seconds:.2f} ({r.steal_s / r.seconds:.2f}) |"
         )
     lines += ["", "Targets:", ""]
     lines += [f"- {t.name}: {t.note or t.unavailable}" for t in targets.values()]
@@ -336,8 +370,6 @@ def report(rounds: list[Round], targets: dict[str, tg.Target], args: argparse.Na
 
 
 def _cores() -> int:
-    import os
-
     return os.cpu_count() or 0
 
 
@@ -365,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                 for target in targets.values():
                     if not target.ok:
                         continue
-                    result = measure(target, health_url(target), count)
+                    result = measure(target, health_url(target), count, upstream.pid)
                     rounds.append(result)
                     print(
                         f"{target.name} N={count}: ok {result.ok}, errors {result.errors}, "

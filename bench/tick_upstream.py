@@ -4,8 +4,9 @@ content chunks, SPACING seconds apart, each carrying the time it was written
 client can tell how long each token took to reach it through a gateway.
 
 One timer serves every stream: each tick writes the next chunk of every stream due, so the
-upstream's own cost stays small next to the gateways it feeds. Raw asyncio on uvloop; HTTP
-/1.1 keep-alive with chunked answers; `GET /health` answers `ok`.
+upstream's own cost stays small next to the gateways it feeds. Raw asyncio on uvloop,
+accepting connections in batches as Ballast does; HTTP/1.1 keep-alive with chunked answers;
+`GET /health` answers `ok`.
 
 Whole answers come at once, or `--answer-delay` seconds after their request (an upstream that
 takes as long as a short generation, for the sustained-load bench); with that delay a stream
@@ -19,10 +20,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import time
 
 import orjson
 import uvloop
+
+from ballast.server.accept import BatchAcceptServer
+
+# A burst of N streams connects at once; accepted at libuv's pace (one a loop turn) they
+# overflow the listen queue and wait out SYN retries, which every target would pay.
+ACCEPT_BATCH = 256
 
 _HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
@@ -176,7 +184,11 @@ async def serve(port: int, tokens: int, spacing: float, answer_delay: float = 0.
     Stream.ticker = ticker
     Stream.answer_delay = answer_delay
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(Stream, "127.0.0.1", port, backlog=8192)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(8192)
+    server = BatchAcceptServer(loop, sock, Stream, None, ACCEPT_BATCH)
     async with server:
         await ticker.run()
 
