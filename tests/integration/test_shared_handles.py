@@ -4,6 +4,7 @@ each instance heals on its own."""
 
 from __future__ import annotations
 
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +31,10 @@ def two_gateways(
         config = {
             "state": {
                 "redis_url": redis_url,
+                # Both gateways, the actor and 50 requests share one loop here: under load a
+                # turn can outlast the 50 ms default, and an instance that sees Redis as slow
+                # rightly makes its own run, a third one (the last test here).
+                "redis_timeout": 2.0,
                 "database_url": f"sqlite:///{tmp_path / 'shared.db'}",
                 "spend_journal": str(tmp_path / f"spend-{n}.journal"),
             },
@@ -75,3 +80,20 @@ def test_two_instances_make_one_run_between_them(
         answers = list(pool.map(one, range(50)))
     assert answers == [ANSWER] * 50
     assert actor.registry.stats()["created"] == 2
+
+
+def test_with_redis_unreachable_each_instance_makes_its_own_run(
+    stack: Stack, tmp_path: Path
+) -> None:
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    backend = stack.sim()
+    actor = stack.thread.run(
+        start_actor(backend.url, control_secret=CONTROL, jwt_secret="j" * 40, idle_timeout=60)
+    )
+    clients = two_gateways(stack, actor, f"redis://127.0.0.1:{port}/0", tmp_path)
+    for client in clients:
+        reply = client.chat.completions.create(model="sampler", messages=MESSAGES)
+        assert reply.choices[0].message.content == ANSWER
+    assert actor.registry.stats()["created"] == 2  # nothing to share: one run each
