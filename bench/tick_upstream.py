@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import time
 
 import orjson
 import uvloop
 
 from ballast.server.accept import BatchAcceptServer
+from ballast.server.serving import listener
 
 # A burst of N streams connects at once; accepted at libuv's pace (one a loop turn) they
 # overflow the listen queue and wait out SYN retries, which every target would pay.
@@ -184,10 +184,7 @@ async def serve(port: int, tokens: int, spacing: float, answer_delay: float = 0.
     Stream.ticker = ticker
     Stream.answer_delay = answer_delay
     loop = asyncio.get_running_loop()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    sock.listen(8192)
+    sock = listener("127.0.0.1", port, backlog=8192)
     server = BatchAcceptServer(loop, sock, Stream, None, ACCEPT_BATCH)
     async with server:
         await ticker.run()
