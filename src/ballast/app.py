@@ -1,10 +1,9 @@
 """Builds the ASGI app from settings and owns start-up and shutdown.
 
-A request goes through, in order:
-1. path dispatch (exact paths; no pattern matching on the hot path);
-2. the OpenAI handler: bounded body read, `model`/`stream` extraction, model resolution;
-3. the router's attempt loop (breakers, health, retries, failover, fallbacks);
-4. the upstream exchange (pooled connection, stream clocks) and the relay to the client."""
+A request is dispatched on its exact path (no pattern matching on the hot path), shed with
+503 past `server.max_in_flight`, and handed to its route on the configuration generation
+now serving. The routes and the one list of stages they run are assembled in
+api/routes.py, where that list is written out in order."""
 
 from __future__ import annotations
 
@@ -18,8 +17,8 @@ from ballast.api.admin import Admin
 from ballast.api.fleet import Fleet
 from ballast.api.jobs import JobsApi
 from ballast.api.keys_admin import KeysAdmin
-from ballast.api.messages import MESSAGES, count_tokens
-from ballast.api.openai import OpenAIHandlers
+from ballast.api.messages import MESSAGES
+from ballast.api.models import MODELS_PREFIX
 from ballast.api.reload import Generation, Reloader
 from ballast.api.responses.shape import ResponsesShape
 from ballast.cache.service import build_cache
@@ -74,7 +73,6 @@ class BallastApp:
             probe_gate=ProbeLock(store) if store is not None else None,
         )
         self.pipeline = Pipeline(settings, self.router, clock)
-        self.openai = OpenAIHandlers(self.pipeline)
         self.responses = ResponsesShape(lambda model: self.generation.router.resolve(model), clock)
         self.ready = False
         self.in_flight = 0  # proxied requests running in this worker
@@ -82,7 +80,7 @@ class BallastApp:
         self.shed = 0  # requests refused with 503 because max_in_flight was reached
         self.config_path: str | None = None  # set when started from a file (enables reload)
         # A config reload swaps in a new generation; a request runs on the one it began on.
-        self.generation = Generation(1, settings, self.router, self.openai, self.observer)
+        self.generation = Generation(1, settings, self.pipeline, self.observer, self.responses)
         self.reloader = Reloader(self)
         self.fleet = Fleet(self.state, settings.fleet, settings.state.redis_url)
         self.admin = Admin(self, self.reloader, self.fleet)
@@ -93,29 +91,12 @@ class BallastApp:
             Dispatcher(settings.jobs, self.job_store, clock) if settings.jobs.backends else None
         )
         self.jobs = JobsApi(settings.jobs, self.job_store, self.dispatcher, clock)
-        self._post: dict[str, Route] = {
-            "/v1/chat/completions": lambda s, r, w: self.generation.proxy(
-                s, r, w, "/chat/completions"
-            ),
-            "/v1/completions": lambda s, r, w: self.generation.proxy(s, r, w, "/completions"),
-            "/v1/embeddings": lambda s, r, w: self.generation.proxy(s, r, w, "/embeddings"),
-            "/v1/responses": lambda s, r, w: self.generation.proxy(
-                s, r, w, "/responses", self.responses
-            ),
-            "/v1/messages": lambda s, r, w: self.generation.proxy(
-                s, r, w, "/chat/completions", MESSAGES
-            ),
-            "/v1/messages/count_tokens": lambda s, r, w: count_tokens(
-                self.generation.handlers.pipeline, s, r, w
-            ),
-        }
         # Routes of shapes other than OpenAI's: their errors before the pipeline take that form.
         self._shapes: dict[str, Shape] = {
             "/v1/messages": MESSAGES,
             "/v1/messages/count_tokens": MESSAGES,
         }
         self._get: dict[str, Route] = {
-            "/v1/models": lambda s, r, w: self.openai.models(s, r, w),
             "/metrics": self.admin.metrics,
             "/dashboard": self.admin.dashboard,
             "/health": self._health,
@@ -125,39 +106,47 @@ class BallastApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
-        if kind == "http":
-            path = scope["path"]
-            method = scope["method"]
-            routes = self._post if method == "POST" else self._get if method == "GET" else None
-            route = routes.get(path) if routes is not None else None
+        if kind != "http":
+            if kind == "lifespan":
+                await self._lifespan(receive, send)
+            return
+        path = scope["path"]
+        method = scope["method"]
+        if method == "POST":
+            route = self.generation.post.get(path)
             if route is not None:
-                if routes is self._post:
-                    # Overload protection: a counter check, no queue. Past the bound the
-                    # client is told at once to come back, instead of waiting behind others.
-                    if self.in_flight >= self.max_in_flight:
-                        self.shed += 1
-                        await self._overloaded(path, send)
-                        return
-                    self.in_flight += 1
-                    try:
-                        await route(scope, receive, send)
-                    finally:
-                        self.in_flight -= 1
+                # Overload protection: a counter check, no queue. Past the bound the client
+                # is told at once to come back, instead of waiting behind others.
+                if self.in_flight >= self.max_in_flight:
+                    self.shed += 1
+                    await self._overloaded(path, send)
                     return
-                await route(scope, receive, send)
+                self.in_flight += 1
+                try:
+                    await route(scope, receive, send)
+                finally:
+                    self.in_flight -= 1
                 return
-            if path.startswith("/admin/"):
-                await self.admin.handle(scope, receive, send)
+        elif method == "GET":
+            generation = self.generation
+            found = generation.get.get(path)
+            if found is not None:
+                await found(scope, receive, send)
                 return
-            if path.startswith("/v1/models/") and method == "GET":
-                await self.openai.model(scope, receive, send, path[11:])
+            own = self._get.get(path)
+            if own is not None:
+                await own(scope, receive, send)
                 return
-            if path == "/v1/jobs" or path.startswith("/v1/jobs/"):
-                await self.jobs.handle(scope, receive, send)
+            if path.startswith(MODELS_PREFIX):
+                await generation.get[MODELS_PREFIX](scope, receive, send)
                 return
-            await self._not_found(scope, send, path)
-        elif kind == "lifespan":
-            await self._lifespan(receive, send)
+        if path.startswith("/admin/"):
+            await self.admin.handle(scope, receive, send)
+            return
+        if path == "/v1/jobs" or path.startswith("/v1/jobs/"):
+            await self.jobs.handle(scope, receive, send)
+            return
+        await self._not_found(scope, send, path)
 
     async def _overloaded(self, path: str, send: Send) -> None:
         shape = self._shapes.get(path)
@@ -168,7 +157,8 @@ class BallastApp:
         await send_bytes(send, status, [JSON, *OVERLOADED.headers], body)
 
     async def _not_found(self, scope: Scope, send: Send, path: str) -> None:
-        if path in self._post or path in self._get:
+        generation = self.generation
+        if path in generation.post or path in generation.get or path in self._get:
             error = ApiError(
                 405,
                 f"Method {scope['method']} is not allowed on {path}.",

@@ -38,7 +38,8 @@ async def test_the_old_generation_is_retired_after_its_grace_on_the_clock(
     try:
         old = app.generation
         # A request whose body never ends: it holds the old generation past any grace.
-        held = Client(app, "POST", "/v1/chat/completions", [b"{"], complete=False)
+        headers = [(b"content-type", b"application/json"), *AUTH]
+        held = Client(app, "POST", "/v1/chat/completions", [b"{"], False, headers)
         await turns()
         assert old.in_flight == 1
         reload = Client(app, "POST", "/admin/reload", [b""], headers=AUTH)

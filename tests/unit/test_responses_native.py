@@ -13,6 +13,7 @@ import pytest
 from ballast.api.responses.shape import NativeStream, ResponsesContext, ResponsesShape
 from ballast.config import Deployment, parse_settings
 from ballast.pipeline.access import token_counts
+from ballast.pipeline.context import RequestContext
 from ballast.upstream.sse import StreamState
 
 
@@ -55,13 +56,19 @@ def test_a_request_is_native_only_when_every_deployment_that_may_answer_is() -> 
     )
     groups = {g.name: g for g in settings.models}
     shape = ResponsesShape(groups.get)
+
+    def bound(body: bytes) -> RequestContext:
+        ctx = shape.parse("/responses", body)
+        shape.bind(ctx, groups[ctx.model])  # the way is decided once the group is known
+        return ctx
+
     body = orjson.dumps({"model": "n", "input": "hi", "stream": True})
-    passed = shape.parse("/responses", body)
+    passed = bound(body)
     assert isinstance(passed, ResponsesContext) and passed.native
     assert passed.path == "/responses" and passed.raw == body  # the client's bytes go on
     for model, fallbacks in (("b", None), ("nb", None), ("n", ["b"])):
         asked = {"model": model, "input": "hi", "fallbacks": fallbacks}
-        ctx = shape.parse("/responses", orjson.dumps(asked))
+        ctx = bound(orjson.dumps(asked))
         assert ctx.path == "/chat/completions", model
         assert ctx.payload["messages"] == [{"role": "user", "content": "hi"}]
 

@@ -75,10 +75,10 @@ async def test_the_last_empty_body_still_carries_the_flush() -> None:
 async def test_errors_take_the_shape_of_the_responder() -> None:
     error = ApiError(400, "bad field", param="x")
     sink = Sink()
-    await Responder(sink, [], Loud()).error(error)
+    await Responder(sink, b"r-1", Loud()).error(error)
     assert sink.messages[0]["status"] == 599
     assert sink.bodies()[0][0] == b"BAD FIELD"
-    streaming = Responder(Sink(), [], Loud())
+    streaming = Responder(Sink(), b"r-1", Loud())
     streaming.started = streaming.streaming = True
     sink = Sink()
     streaming._send = sink
@@ -88,6 +88,6 @@ async def test_errors_take_the_shape_of_the_responder() -> None:
 
 async def test_the_openai_shape_renders_openai_errors() -> None:
     sink = Sink()
-    await Responder(sink, []).error(ApiError(404, "no such model", code="model_not_found"))
+    await Responder(sink, b"r-1").error(ApiError(404, "no such model", code="model_not_found"))
     assert sink.messages[0]["status"] == 404
     assert b'"code":"model_not_found"' in sink.bodies()[0][0]

@@ -1,19 +1,14 @@
-"""The OpenAI-compatible surface: chat completions, completions, embeddings and the model
-list. The hot path reads the body once, looks only at what it must (`model`, `stream`,
-`fallbacks` and a few bounded counts) and forwards the client's bytes unless something
-must change."""
+"""The OpenAI-compatible shape: chat completions, completions and embeddings. The hot path
+reads the body once, looks only at what it must (`model`, `stream`, `fallbacks` and a few
+bounded counts) and forwards the client's bytes unless something must change."""
 
 from __future__ import annotations
 
 import orjson
 
-from ballast.pipeline.asgi import JSON, send_bytes, send_error
 from ballast.pipeline.context import RequestContext
-from ballast.pipeline.errors import ApiError, bad_request, model_not_found
-from ballast.pipeline.pipeline import Pipeline
+from ballast.pipeline.errors import bad_request
 from ballast.pipeline.shape import Shape
-from ballast.state.keys import KeyRecord
-from ballast.types import Receive, Scope, Send
 
 # Counts checked before routing (cheap; an absurd value would only fail upstream, or worse,
 # make an upstream try): (name, lowest, highest).
@@ -68,58 +63,3 @@ class OpenAIShape(Shape):
 
 
 OPENAI = OpenAIShape()
-
-
-class OpenAIHandlers:
-    """The proxied endpoints on one pipeline: OpenAI's, and those of any other inbound
-    `shape` (which translates to and from the same chat terms)."""
-
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-
-    async def proxy(
-        self, scope: Scope, receive: Receive, send: Send, path: str, shape: Shape = OPENAI
-    ) -> None:
-        await self.pipeline.handle(scope, receive, send, path, shape)
-
-    async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """`GET /v1/models`: the models the caller's key may use (a key is needed as soon as
-        keys are in use, as for every /v1 request)."""
-        try:
-            key = await self._key(scope)
-        except ApiError as error:
-            await send_error(send, error, [])
-            return
-        data = [
-            _model_object(name)
-            for name in self.pipeline.router.public_models()
-            if key is None or key.allows(name)
-        ]
-        await send_bytes(send, 200, [JSON], orjson.dumps({"object": "list", "data": data}))
-
-    async def model(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
-        """`GET /v1/models/{id}`: OpenAI's model object, or its 404 for a model that does not
-        exist or that the key may not use (the key cannot tell the two apart)."""
-        try:
-            key = await self._key(scope)
-            if (
-                not name
-                or self.pipeline.router.resolve(name) is None
-                or (key is not None and not key.allows(name))
-            ):
-                raise model_not_found(name)
-        except ApiError as error:
-            await send_error(send, error, [])
-            return
-        await send_bytes(send, 200, [JSON], orjson.dumps(_model_object(name)))
-
-    async def _key(self, scope: Scope) -> KeyRecord | None:
-        """The caller's key; None while Ballast runs open."""
-        access = self.pipeline.access
-        if access is None or not await access.required():
-            return None
-        return await access.authenticate(scope)
-
-
-def _model_object(name: str) -> dict[str, object]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "ballast"}

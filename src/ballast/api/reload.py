@@ -15,12 +15,10 @@ import signal
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from ballast.api.openai import OPENAI, OpenAIHandlers
+from ballast.api.routes import build_routes
 from ballast.config import ConfigError, Settings, load_settings
 from ballast.heap import settle_after_retire
-from ballast.observe.hub import Observer, Trace
-from ballast.observe.tracing import request_attributes
-from ballast.pipeline.asgi import Receive, Scope, Send
+from ballast.observe.hub import Observer
 from ballast.pipeline.pipeline import Pipeline
 from ballast.pipeline.shape import Shape
 from ballast.resilience.clock import Clock
@@ -38,67 +36,53 @@ class Gateway(Protocol):
     generation: Generation
     observer: Observer
     router: Router
-    openai: OpenAIHandlers
     pipeline: Pipeline
     config_path: str | None
     ready: bool
     max_in_flight: int
     shed: int
 
+    @property
+    def responses(self) -> Shape: ...
+
 
 class Generation:
-    """One config's router and handlers, with the client requests running on them."""
+    """One config's router and routes, with the client requests running on them."""
 
-    __slots__ = ("_idle", "handlers", "in_flight", "number", "observer", "router", "settings")
+    __slots__ = (
+        "_idle",
+        "get",
+        "in_flight",
+        "number",
+        "observer",
+        "pipeline",
+        "post",
+        "router",
+        "settings",
+    )
 
     def __init__(
         self,
         number: int,
         settings: Settings,
-        router: Router,
-        handlers: OpenAIHandlers,
+        pipeline: Pipeline,
         observer: Observer,
+        responses: Shape,
     ) -> None:
         self.number = number
         self.settings = settings
-        self.router = router
-        self.handlers = handlers
+        self.pipeline = pipeline
+        self.router = pipeline.router
         self.observer = observer
         self.in_flight = 0
         self._idle: asyncio.Event | None = None
+        self.post, self.get = build_routes(self, pipeline, observer, responses)
 
-    async def proxy(
-        self, scope: Scope, receive: Receive, send: Send, path: str, shape: Shape = OPENAI
-    ) -> None:
-        """One client request of API `shape` for the upstream API `path`."""
-        self.in_flight += 1
-        trace = Trace(send, self.observer.monotonic)
-        tracer = self.router.tracer
-        try:
-            if tracer is None:
-                await self.handlers.proxy(scope, receive, trace.send, path, shape)
-            else:
-                with tracer.span("ballast.request", path=path, shape=shape.name) as span:
-                    try:
-                        await self.handlers.proxy(scope, receive, trace.send, path, shape)
-                    finally:
-                        attributes = request_attributes(path, scope.get("ballast.request"))
-                        attributes["http.response.status_code"] = trace.status or None
-                        tracer.annotate(span, attributes)
-        finally:
-            self.in_flight -= 1
-            if self.in_flight == 0 and self._idle is not None:
-                self._idle.set()
-            try:
-                self.observer.request(
-                    trace,
-                    scope.get("ballast.request"),
-                    self.router,
-                    path,
-                    scope.get("ballast.client_gone", False),
-                )
-            except Exception:
-                log.exception("could not record a request")
+    def left(self) -> None:
+        """A request on this generation ended."""
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
 
     async def retire(self, grace: float, clock: Clock) -> None:
         """Wait (at most `grace` seconds on `clock`) for the running requests, then close
@@ -179,15 +163,13 @@ class Reloader:
             await router.close()
             raise
         pipeline = Pipeline(settings, router, app.clock)
-        pipeline.access = old.handlers.pipeline.access  # what start-up attached
-        pipeline.cache = old.handlers.pipeline.cache
-        handlers = OpenAIHandlers(pipeline)
-        new = Generation(old.number + 1, settings, router, handlers, app.observer)
+        pipeline.access = old.pipeline.access  # what start-up attached
+        pipeline.cache = old.pipeline.cache
+        new = Generation(old.number + 1, settings, pipeline, app.observer, app.responses)
         # The swap itself: no await between these lines, so no request sees half of it.
         app.generation = new
         app.settings = settings
         app.router = router
-        app.openai = handlers
         app.pipeline = pipeline
         self.reloads += 1
         app.observer.metrics.deployments(router.targets.values())

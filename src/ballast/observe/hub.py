@@ -8,70 +8,30 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from ballast.observe.answer import Answer, CostOf, answer_fields
 from ballast.observe.logs import access_logged, log_event, log_request
 from ballast.observe.metrics import Metrics
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
-from ballast.types import Message, Send
 
 # Events worth a log line and a place on the dashboard; "retry" is only counted.
 NOTABLE = frozenset(
     {"failover", "breaker", "heal", "continuation", "hedge", "fallback", "cooldown", "reload"}
 )
-# The event that ends a broken stream: OpenAI's, and the typed one of other shapes.
-_ERROR_EVENTS = (b'data: {"error"', b"event: error\n")
 
 
-class Trace:
-    """One client request as the client saw it: wraps `send` to note the status, the time of
-    the first byte of the answer and whether a stream ended with an error event; `now` is
-    the clock's monotonic reading."""
+class Traced(Protocol):
+    """What the request log and metrics read of a response when its request ended (the
+    pipeline's Responder notes it as the response goes out)."""
 
-    __slots__ = (
-        "_now",
-        "_send",
-        "deployment",
-        "first",
-        "request_id",
-        "started",
-        "status",
-        "stream_error",
-        "streaming",
-    )
-
-    def __init__(self, send: Send, now: Callable[[], float]) -> None:
-        self._send = send
-        self._now = now
-        self.started = now()
-        self.status = 0
-        self.first = 0.0
-        self.streaming = False
-        self.stream_error = False
-        self.deployment: str | None = None
-        self.request_id = ""
-
-    def send(self, message: Message) -> Awaitable[None]:
-        """The server's `send`, after a look at the message (no coroutine of its own)."""
-        kind = message["type"]
-        if kind == "http.response.body":
-            if self.streaming:
-                body = message.get("body", b"")
-                if not self.first and body:
-                    self.first = self._now()
-                elif body.startswith(_ERROR_EVENTS):
-                    self.stream_error = True
-        elif kind == "http.response.start":
-            self.status = message["status"]
-            for key, value in message["headers"]:
-                if key == b"x-request-id":
-                    self.request_id = value.decode("latin-1")
-                elif key == b"x-ballast-deployment":
-                    self.deployment = value.decode("latin-1")
-                    self.streaming = True
-        return self._send(message)
+    began: float  # the clock's monotonic reading when the request came in
+    status: int  # 0: no response went out
+    first: float  # when a stream's first event went out; 0: none did
+    stream_error: bool  # a stream ended with an error event
+    deployment: str | None  # the deployment a stream came from
+    request_id: str
 
 
 class Traffic:
@@ -119,7 +79,7 @@ class Observer:
         clock: Clock = SYSTEM_CLOCK,
         ring_size: int = 500,
     ) -> None:
-        self.monotonic = clock.monotonic  # request latencies (a Trace reads it too)
+        self.monotonic = clock.monotonic  # request latencies (a Responder reads it too)
         self._time = clock.time  # event timestamps
         self.metrics = Metrics(targets)
         self.traffic = Traffic(clock.time)
@@ -157,11 +117,11 @@ class Observer:
     # -- client requests ---------------------------------------------------------------
 
     def request(
-        self, trace: Trace, request: Any, router: Any, path: str, client_gone: bool = False
+        self, trace: Traced, request: Any, router: Any, path: str, client_gone: bool = False
     ) -> None:
         """A client request ended (called once per request, after the last byte)."""
         now = self.monotonic()
-        latency = now - trace.started
+        latency = now - trace.began
         status = trace.status or 499
         model = "unknown"
         deployment = trace.deployment
@@ -182,7 +142,7 @@ class Observer:
         if deployment is None:
             deployment = "none"
         outcome = outcome_of(trace, status, attempts, client_gone)
-        ttft = trace.first - trace.started if trace.first else None
+        ttft = trace.first - trace.began if trace.first else None
         self.metrics.request(model, deployment, status, outcome, latency, ttft, attempts, shape)
         if deployment != "none":
             self.traffic.add(deployment)
@@ -248,7 +208,7 @@ class Observer:
         return key_id
 
     def _failure(
-        self, trace: Trace, request: Any, model: str, deployment: str, status: int, outcome: str
+        self, trace: Traced, request: Any, model: str, deployment: str, status: int, outcome: str
     ) -> None:
         """A failed request on the dashboard's failure log, with its cause."""
         cause = None
@@ -287,7 +247,7 @@ def operation_of(path: str) -> str:
     return _OPERATIONS.get(path, "chat")
 
 
-def outcome_of(trace: Trace, status: int, attempts: int, client_gone: bool) -> str:
+def outcome_of(trace: Traced, status: int, attempts: int, client_gone: bool) -> str:
     """How a request ended, as the client saw it. A client that went away is `client_gone`,
     whatever status went out before it left."""
     if client_gone:

@@ -230,15 +230,24 @@ class Access:
             raise invalid_key("This API key has expired.")
         return record, until
 
-    async def admit(self, scope: Scope, request: RequestContext) -> Ticket | None:
-        """Checks before routing; None when Ballast runs open. What is known here (a key
-        seen recently, a fresh budget figure, a local limiter) is checked without awaiting
-        anything: each await of a coroutine costs about half a microsecond."""
-        if not self.enabled and not await self.required():
+    async def identify(self, scope: Scope, authorization: bytes | None) -> KeyRecord | None:
+        """The caller's key, before anything about the request is looked at (so a caller
+        without one learns nothing of which models exist); None while Ballast runs open.
+        A key seen recently is known without awaiting anything."""
+        if not self.enabled and (
+            (not self.keys.created and self.clock.monotonic() < self._open_until)
+            or not await self.required()
+        ):
             return None
-        key = self._remembered(request.authorization)
+        key = self._remembered(authorization)
         if key is None:
-            key = await self.authenticate(scope, request.authorization)
+            key = await self.authenticate(scope, authorization)
+        return key
+
+    async def admit(self, key: KeyRecord, request: RequestContext) -> Ticket:
+        """The checks of a request whose key is known and whose model resolved: the key's
+        model list, its budget and its rate limits (and its team's). What is known here (a
+        fresh budget figure, a local limiter) is checked without awaiting anything."""
         if key.models is not None:
             if request.model not in key.models:
                 raise ApiError(

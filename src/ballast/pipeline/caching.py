@@ -23,6 +23,7 @@ from ballast.pipeline.asgi import (
     EVENT_STREAM,
     JSON,
     NO_CACHE,
+    DisconnectWatch,
     Message,
     Scope,
     Send,
@@ -31,7 +32,9 @@ from ballast.pipeline.asgi import (
 )
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import bad_request
+from ballast.pipeline.pipeline import Pipeline
 from ballast.pipeline.shape import Rendering, TranslatedSend
+from ballast.pipeline.stages import Flow, Next
 
 if TYPE_CHECKING:
     from ballast.pipeline.access import Access
@@ -172,3 +175,40 @@ def settle_hit(access: Access | None, ticket: Ticket | None, lookup: Lookup) -> 
         payload = {}
     model = payload.get("model")
     access.settle(ticket, model if isinstance(model, str) else "", payload.get("usage"), None, True)
+
+
+class Cache:
+    """The stage that answers from the cache for groups that keep answers (what a request
+    may do with the cache is its own to say; the `cache` body field is never forwarded)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    async def __call__(self, flow: Flow, call_next: Next) -> None:
+        ctx, group = flow.ctx, flow.group
+        assert ctx is not None and group is not None, "the cache runs after resolve"
+        field = take_field(ctx) if "cache" in ctx.payload else None
+        cache = self.pipeline.cache
+        if group.cache is None or cache is None:
+            await call_next(flow)
+            return
+        # Waiting on an identical request already upstream is waiting too: watch the client.
+        flow.watch = watch = DisconnectWatch(flow.receive, self.pipeline.clock)
+        responder = flow.responder
+        ctx.lookup = lookup = await cache.lookup(
+            ctx.path,
+            group.name,
+            ctx.payload,
+            scope_of(ctx.ticket, ctx),
+            group.cache,
+            mode_of(flow.scope, field),
+        )
+        responder.extra.append((HEADER, lookup.status))
+        if lookup.body is None:
+            await call_next(flow)
+            return
+        watch.stop()
+        ctx.settled = True  # a hit is settled as one, here
+        settle_hit(self.pipeline.access, ctx.ticket, lookup)
+        usage = wants_usage(ctx, ctx.usage_added)
+        await send_hit(responder.send, ctx, lookup, responder.extra, usage, responder.shape)

@@ -4,14 +4,28 @@ SSE error event, or nothing more for a whole answer)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable
 
-from ballast.pipeline.asgi import JSON, send_bytes
+from ballast.pipeline.asgi import JSON, header
 from ballast.pipeline.errors import ApiError
 from ballast.pipeline.shape import Rendering
-from ballast.types import BodyWriter, Message, Send
+from ballast.types import BodyWriter, Message, Scope, Send
 
 Headers = list[tuple[bytes, bytes]]
+
+_ID_PREFIX = os.urandom(4).hex()
+_ids = itertools.count(1)
+
+
+def request_id(scope: Scope) -> bytes:
+    """The client's own `x-request-id` when it sent a sane one; else one of this process's."""
+    given = header(scope, b"x-request-id")
+    if given and len(given) <= 128:
+        return given
+    return f"{_ID_PREFIX}-{next(_ids)}".encode()
 
 
 class HeaderAllowlist:
@@ -50,37 +64,85 @@ class HeaderAllowlist:
 
 
 _OPENAI = Rendering()
+# The event that ends a broken stream: OpenAI's, and the typed one of other shapes.
+_ERROR_EVENTS = (b'data: {"error"', b"event: error\n")
 
 
 class Responder:
-    """Wraps the client's `send` and notes when the response started: the one guard every
-    stage asks before it answers. Errors take the form of the client's API `shape`."""
+    """The one writer of a client's response: it wraps the server's `send`, knows whether
+    the response started (the guard every stage asks before it answers), renders errors in
+    the client's API `shape`, holds the server's fast body `writer`, and notes what the
+    request log and metrics read when the request ends (status, first byte of a stream,
+    whether a stream ended with an error event)."""
 
-    __slots__ = ("_send", "extra", "shape", "started", "streaming", "writer")
+    __slots__ = (
+        "_now",
+        "_send",
+        "began",
+        "deployment",
+        "extra",
+        "first",
+        "request_id",
+        "shape",
+        "started",
+        "status",
+        "stream_error",
+        "streaming",
+        "writer",
+    )
 
     def __init__(
         self,
         send: Send,
-        extra: Headers,
+        request_id: bytes,
         shape: Rendering = _OPENAI,
         writer: BodyWriter | None = None,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         self._send = send
+        self._now = now
+        self.began = now()
+        self.request_id = request_id.decode("latin-1")
         self.writer = writer  # the server's, for a body forwarded without `send`
-        self.extra = extra  # Ballast's own headers on whatever answer goes out
+        self.extra: Headers = [(b"x-request-id", request_id)]  # on whatever answer goes out
         self.shape = shape
         self.started = False
         self.streaming = False
+        self.status = 0
+        self.first = 0.0  # when a stream's first event went out
+        self.stream_error = False
+        self.deployment: str | None = None  # the deployment a stream came from
 
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
+    def send(self, message: Message) -> Awaitable[None]:
+        """The server's `send`, after a look at the message (no coroutine of its own)."""
+        if message["type"] == "http.response.body":
+            if self.streaming:
+                body = message.get("body", b"")
+                if not self.first and body and not body.startswith(b":"):
+                    self.first = self._now()
+                elif body.startswith(_ERROR_EVENTS):
+                    self.stream_error = True
+        else:
             self.started = True
-        await self._send(message)
+            self.status = message["status"]
+        return self._send(message)
+
+    def start_stream(self, headers: Headers, deployment: str | None) -> Message:
+        """The start of a stream's response, noted as such."""
+        headers.extend(self.extra)
+        self.streaming = True
+        if deployment is not None:
+            self.deployment = deployment
+        return {"type": "http.response.start", "status": 200, "headers": headers}
 
     async def answer(self, status: int, headers: Headers, body: bytes) -> None:
         headers.extend(self.extra)
+        headers.append((b"content-length", str(len(body)).encode()))
         self.started = True
-        await send_bytes(self._send, status, headers, body)
+        self.status = status
+        send = self._send
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     async def error(self, error: ApiError) -> None:
         """An error in the client's shape: a status and a body before the response started;
@@ -90,4 +152,5 @@ class Responder:
             await self.answer(status, [JSON, *error.headers], body)
         elif self.streaming:
             event = self.shape.error_event(error)
+            self.stream_error = True
             await self._send({"type": "http.response.body", "body": event, "more_body": False})

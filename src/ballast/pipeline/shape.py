@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Protocol
 
 import orjson
 
+from ballast.config import ModelGroup
 from ballast.pipeline.asgi import Scope, header
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import ApiError
@@ -83,6 +84,10 @@ class Shape(Rendering, ABC):
     def authorization(self, scope: Scope) -> bytes | None:
         """The credential, as an `Authorization` header value (what the key lookup reads)."""
         return header(scope, b"authorization")
+
+    def bind(self, ctx: RequestContext, group: ModelGroup) -> None:
+        """What the shape decides once the request's model group is known (after its key
+        was checked); most shapes decide everything in `parse`."""
 
 
 class TranslatedSend:

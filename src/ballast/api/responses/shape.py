@@ -103,29 +103,32 @@ class ResponsesShape(Shape):
                 f"'max_output_tokens' must be an integer from 1 to {_MAX_OUTPUT}.",
                 "max_output_tokens",
             )
-        fallbacks = _fallbacks(payload)
-        if self._native(model, fallbacks):
-            ctx = ResponsesContext("/responses", payload, body, model, stream)
-            ctx.native = True
-            ctx.usage_added = True  # a Responses stream always ends with its usage
-            if "fallbacks" in payload:
-                ctx.edits["fallbacks"] = None  # Ballast's own field: never forwarded
-        else:
-            chat = to_chat(payload)
-            if "cache" in payload:
-                chat["cache"] = payload["cache"]  # Ballast's own field, read by the cache
-            ctx = ResponsesContext("/chat/completions", chat, orjson.dumps(chat), model, stream)
-        ctx.fallbacks = fallbacks
+        ctx = ResponsesContext("/responses", payload, body, model, stream)
+        ctx.fallbacks = _fallbacks(payload)
         ctx.request = payload
         ctx.response_id = new_id("resp")
         ctx.created = int(self._clock.time())
         return ctx
 
-    def _native(self, model: str, fallbacks: Iterable[str]) -> bool:
+    def bind(self, ctx: RequestContext, group: ModelGroup) -> None:
+        """Native or bridged, now that the model group is known (and the key checked)."""
+        assert isinstance(ctx, ResponsesContext)
+        payload = ctx.request
+        if self._native(group, ctx.fallbacks):
+            ctx.native = True
+            ctx.usage_added = True  # a Responses stream always ends with its usage
+            if "fallbacks" in payload:
+                ctx.edits["fallbacks"] = None  # Ballast's own field: never forwarded
+            return
+        chat = to_chat(payload)
+        if "cache" in payload:
+            chat["cache"] = payload["cache"]  # Ballast's own field, read by the cache
+        ctx.path = "/chat/completions"
+        ctx.payload = chat
+        ctx.raw = orjson.dumps(chat)
+
+    def _native(self, group: ModelGroup, fallbacks: Iterable[str]) -> bool:
         """Native only when every deployment that may answer speaks Responses itself."""
-        group = self._resolve(model)
-        if group is None:
-            return False
         if not fallbacks:
             known = self._ways.get(id(group))
             if known is not None and known[0] is group:

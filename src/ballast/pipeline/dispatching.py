@@ -1,0 +1,155 @@
+"""The last stage of a proxied request: the attempt loop finds a deployment that answers
+(routing/), and its whole answer is sent, or its stream relayed with continuation (relay.py);
+usage and spend are settled before the answer's last bytes go out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ballast.cache.replay import is_complete
+from ballast.config import ModelGroup
+from ballast.pipeline.asgi import EVENT_STREAM, JSON, NO_CACHE, DisconnectWatch
+from ballast.pipeline.caching import StreamRecorder
+from ballast.pipeline.context import RequestContext
+from ballast.pipeline.keepalive import KeepAlive
+from ballast.pipeline.pipeline import Pipeline
+from ballast.pipeline.relay import Relay
+from ballast.pipeline.respond import Responder
+from ballast.pipeline.shape import TranslatedSend
+from ballast.pipeline.stages import Flow, Next
+from ballast.routing.attempts import Attempts
+from ballast.routing.dispatch import OpenStream
+from ballast.types import Message, Send
+
+
+def finish_reason(payload: dict[str, Any]) -> str | None:
+    """The first choice's finish reason of a whole answer (traces record it)."""
+    choices = payload.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        reason = choices[0].get("finish_reason")
+        return reason if isinstance(reason, str) else None
+    return None
+
+
+class Dispatch:
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    async def __call__(self, flow: Flow, call_next: Next) -> None:
+        ctx, group = flow.ctx, flow.group
+        assert ctx is not None and group is not None, "dispatch runs after resolve"
+        watch = flow.watch
+        if watch is None:
+            flow.watch = watch = DisconnectWatch(flow.receive, self.pipeline.clock)
+        if ctx.stream:
+            await self._stream(ctx, group, flow.responder, watch)
+        else:
+            await self._complete(ctx, group, flow.responder, watch)
+
+    async def _complete(
+        self, ctx: RequestContext, group: ModelGroup, responder: Responder, watch: DisconnectWatch
+    ) -> None:
+        pipeline = self.pipeline
+        router = pipeline.router
+        ctx.attempts = attempts = router.loop.begin(stream=False)
+        reply = await router.dispatch.complete(ctx, group, attempts)
+        watch.stop()
+        payload = reply.payload if isinstance(reply.payload, dict) else {}
+        model = payload.get("model")
+        ctx.upstream_headers = reply.headers
+        ctx.finish_reason = finish_reason(payload)
+        pipeline.settle(
+            ctx, model if isinstance(model, str) else ctx.model, payload.get("usage"), None
+        )
+        if ctx.lookup is not None and reply.status == 200 and is_complete(ctx.path, reply.payload):
+            await ctx.lookup.store(reply.body)
+        headers = pipeline.expose.filter(reply.headers)
+        headers.append(JSON)  # the body parsed as a JSON object, whatever the upstream said
+        body = reply.body
+        if responder.shape.translates and isinstance(reply.payload, dict):
+            body = responder.shape.answer(ctx, reply.payload)
+        await responder.answer(reply.status, headers, body)
+
+    async def _stream(
+        self, ctx: RequestContext, group: ModelGroup, responder: Responder, watch: DisconnectWatch
+    ) -> None:
+        pipeline = self.pipeline
+        send: Send = responder.send
+        strip_usage = ctx.usage_added
+        recorder: StreamRecorder | None = None
+        translator = responder.shape.translator(ctx)
+        if translator is not None:  # the shape reads the usage chunk; it never reaches the client
+            send = TranslatedSend(send, translator).send
+            strip_usage = False
+        if ctx.lookup is not None:  # usage is asked for, to be kept with the answer
+            hide = ctx.ask_for_usage() and translator is None
+            recorder = StreamRecorder(send, ctx.lookup, ctx.path, hide)
+            send = recorder.send
+            strip_usage = False
+        ctx.attempts = attempts = pipeline.router.loop.begin(stream=True)
+        opened = await self._open(ctx, group, attempts, responder, send)
+        ctx.upstream_headers = opened.stream.headers
+        relay = Relay(pipeline.router.dispatch, ctx, group, opened, attempts, pipeline.continuation)
+        relay.strip_usage = strip_usage
+        if recorder is None:  # nothing keeps the body; a translator may reshape it
+            relay.writer = responder.writer
+            relay.translator = translator
+        try:
+            if not responder.started:
+                await send(self._stream_start(responder, opened))
+            async for chunk in relay.events():
+                if relay.ending:  # the last piece ends the response with it: one send less
+                    watch.stop()
+                    # Billed before the answer completes: a crash after it cannot lose it.
+                    pipeline.settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
+                await send(
+                    {"type": "http.response.body", "body": chunk, "more_body": not relay.ending}
+                )
+            if not relay.ending:
+                watch.stop()
+                pipeline.settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            relay.close()
+        ctx.finish_reason = relay.opened.stream.state.finish_reason
+        pipeline.settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
+
+    async def _open(
+        self,
+        ctx: RequestContext,
+        group: ModelGroup,
+        attempts: Attempts,
+        responder: Responder,
+        send: Send,
+    ) -> OpenStream:
+        """The stream past its first token, the client kept busy meanwhile (keepalive.py).
+        A refusal of the request itself (a stream that never started) reaches the guard,
+        and the client gets that answer unchanged unless the response had started."""
+        pipeline = self.pipeline
+        dispatch = pipeline.router.dispatch
+        if pipeline.keepalive is None and not pipeline.headers_at_once:
+            return await dispatch.open(ctx, group, attempts)
+
+        async def start() -> None:
+            await send(self._stream_start(responder, None))
+
+        if pipeline.headers_at_once:
+            await start()
+        if pipeline.keepalive is None:
+            return await dispatch.open(ctx, group, attempts)
+        keepalive = KeepAlive(
+            pipeline.router.clock, pipeline.keepalive, send, start, responder.started
+        )
+        try:
+            return await dispatch.open(ctx, group, attempts)
+        finally:
+            await keepalive.stop()
+
+    def _stream_start(self, responder: Responder, opened: OpenStream | None) -> Message:
+        headers = [EVENT_STREAM, NO_CACHE]
+        deployment = None
+        if opened is not None:
+            deployment = opened.attempt.id
+            headers.append((b"x-ballast-deployment", deployment.encode()))
+            headers.extend(self.pipeline.expose.filter(opened.stream.headers))
+        return responder.start_stream(headers, deployment)
