@@ -21,7 +21,7 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
 HEADER = """# Configuration reference
 
-Generated from the settings schema (`src/ballast/config.py`) by
+Generated from the settings schema (`src/ballast/config/`) by
 `python scripts/config_docs.py`; do not edit by hand. YAML; `${VAR}` and
 `${VAR:-default}` expand from the environment in any string. `ballast check-config FILE`
 prints the resolved config (secrets masked) or every error with its path.
@@ -31,7 +31,7 @@ prints the resolved config (secrets masked) or every error with its path.
 
 
 # Meanings for keys whose schema field has no description of its own. A key with neither
-# fails tests/unit/test_config_docs.py: describe new settings in config.py.
+# fails tests/unit/test_config_docs.py: describe new settings in ballast/config/.
 MEANINGS = {
     "server.host": "address to listen on (`--host` overrides)",
     "server.port": "port to listen on (`--port` overrides)",
