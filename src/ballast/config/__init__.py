@@ -2,11 +2,12 @@
 
 One module per concern: `loading` (YAML, the environment, error paths), `secrets` (masking),
 `values` (HTTP value checks), `catalogue` (the provider names), `deployment` and `options`
-(one upstream), `sections/` (one per section of the file) and `settings` (the root). The
-names below are the public ones."""
+(one upstream), `breaker` (one vocabulary for every breaker), `sections/` (one per section
+of the file) and `settings` (the root). The names below are the public ones."""
 
 from __future__ import annotations
 
+from ballast.config.breaker import BreakerSettings, breaker_config
 from ballast.config.catalogue import DEFAULT_URLS, PRESETS, Preset, ProviderName
 from ballast.config.deployment import Deployment, DeploymentTls
 from ballast.config.errors import ConfigError
@@ -19,7 +20,7 @@ from ballast.config.sections.fleet import FleetSettings
 from ballast.config.sections.jobs import JobBackendSettings, JobBreakerSettings, JobsSettings
 from ballast.config.sections.models import ModelGroup
 from ballast.config.sections.observe import ObserveSettings
-from ballast.config.sections.routing import BreakerSettings, RoutingSettings
+from ballast.config.sections.routing import DeploymentBreakerSettings, RoutingSettings
 from ballast.config.sections.server import ServerSettings
 from ballast.config.sections.state import RedisBreakerSettings, StateSettings
 from ballast.config.sections.upstream import UpstreamSettings
@@ -38,6 +39,7 @@ __all__ = [
     "CacheSettings",
     "ConfigError",
     "Deployment",
+    "DeploymentBreakerSettings",
     "DeploymentTls",
     "FleetSettings",
     "GoogleSettings",
@@ -57,6 +59,7 @@ __all__ = [
     "TimeoutOverrides",
     "Timeouts",
     "UpstreamSettings",
+    "breaker_config",
     "expand_env",
     "is_secret_name",
     "load_settings",

@@ -60,10 +60,12 @@ def _join_dot(out: str, part: str) -> str:
 
 _ENV_OVERRIDES = {
     "BALLAST_REDIS_BREAKER_FAILURE_THRESHOLD": ("state", "redis_breaker", "failure_threshold"),
-    "BALLAST_REDIS_BREAKER_RECOVERY_TIMEOUT": ("state", "redis_breaker", "recovery_timeout"),
+    "BALLAST_REDIS_BREAKER_RECOVERY_TIMEOUT": ("state", "redis_breaker", "open_time"),
     "BALLAST_REDIS_URL": ("state", "redis_url"),
     "BALLAST_DATABASE_URL": ("state", "database_url"),
 }
+# A setting's former names, still read from a file: an override replaces them as well.
+_FORMER_NAMES = {"open_time": ("recovery_timeout",)}
 
 
 def _apply_env_overrides(data: dict[str, Any], environ: dict[str, str]) -> None:
@@ -78,6 +80,8 @@ def _apply_env_overrides(data: dict[str, Any], environ: dict[str, str]) -> None:
                 child = {}
                 node[part] = child
             node = child
+        for former in _FORMER_NAMES.get(path[-1], ()):
+            node.pop(former, None)
         node[path[-1]] = value
 
 

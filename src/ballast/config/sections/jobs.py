@@ -8,16 +8,25 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator
 
 from ballast.config.base import Section
+from ballast.config.breaker import (
+    BreakerSettings,
+    FailureRate,
+    FailureThreshold,
+    MaxOpenTime,
+    OpenTime,
+    ProbeTimeout,
+)
 
 
-class JobBreakerSettings(Section):
+class JobBreakerSettings(BreakerSettings):
     """Counts submission and infrastructure failures of one job backend, never a job that
     is still running. The half-open trial frees itself after `probe_timeout`."""
 
-    failure_threshold: int = Field(3, ge=1)
-    open_time: float = Field(30.0, gt=0)
-    max_open_time: float = Field(600.0, gt=0)
-    probe_timeout: float = Field(600.0, gt=0, description="a trial without a verdict frees")
+    failure_threshold: FailureThreshold = 3
+    failure_rate: FailureRate = None
+    open_time: OpenTime = 30.0
+    max_open_time: MaxOpenTime = 600.0
+    probe_timeout: ProbeTimeout = 600.0
 
 
 class JobBackendSettings(Section):

@@ -5,20 +5,13 @@ from __future__ import annotations
 from pydantic import Field
 
 from ballast.config.base import Section
+from ballast.config.breaker import BreakerSettings
 
 
-class BreakerSettings(Section):
-    failure_threshold: int = Field(10, ge=1)
-    failure_rate: float | None = Field(0.5, gt=0, le=1)
-    min_calls: int = Field(20, ge=1)
-    window: float = Field(30.0, gt=0)
-    open_time: float = Field(5.0, gt=0)
-    max_open_time: float = Field(300.0, gt=0)
-    probe_timeout: float = Field(10.0, gt=0)
-    half_open_probes: int = Field(1, ge=1)
-    open_multiplier: float = Field(
-        2.0, ge=1, description="growth of the open time at each failed half-open probe"
-    )
+class DeploymentBreakerSettings(BreakerSettings):
+    """Each deployment's breaker (the defaults of `BreakerSettings`), and the background
+    probes that look for an open deployment's recovery."""
+
     probe_interval: float = Field(
         2.0, gt=0, description="an open deployment is probed in the background this often"
     )
@@ -76,4 +69,4 @@ class RoutingSettings(Section):
         None, gt=0, description="start a second stream after this long without a first token"
     )
     hedge_on_p95: bool = Field(False, description="hedge after the deployment's p95 TTFT")
-    breaker: BreakerSettings = BreakerSettings()
+    breaker: DeploymentBreakerSettings = DeploymentBreakerSettings()

@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from ballast.config.base import Section
+from ballast.config.breaker import (
+    BreakerSettings,
+    FailureRate,
+    FailureThreshold,
+    MaxOpenTime,
+    OpenMultiplier,
+    OpenTime,
+    ProbeTimeout,
+)
 
 
-class RedisBreakerSettings(Section):
+class RedisBreakerSettings(BreakerSettings):
     """Seed 003: a slow Redis is worse than a dead one. After `failure_threshold` failed
-    calls every use takes its local fallback at once; one probe after `recovery_timeout`."""
+    calls every use takes its local fallback at once; one probe after `open_time`, which
+    does not grow."""
 
-    failure_threshold: int = Field(5, ge=1)
-    recovery_timeout: float = Field(60.0, gt=0)
-    probe_timeout: float = Field(5.0, gt=0)
+    failure_threshold: FailureThreshold = 5
+    failure_rate: FailureRate = None
+    open_time: OpenTime = Field(
+        60.0, validation_alias=AliasChoices("open_time", "recovery_timeout")
+    )
+    max_open_time: MaxOpenTime = None
+    probe_timeout: ProbeTimeout = 5.0
+    open_multiplier: OpenMultiplier = 1.0
 
 
 class StateSettings(Section):
