@@ -8,7 +8,7 @@ of the file) and `settings` (the root). The names below are the public ones."""
 from __future__ import annotations
 
 from ballast.config.breaker import BreakerSettings, breaker_config
-from ballast.config.catalogue import DEFAULT_URLS, PRESETS, Preset, ProviderName
+from ballast.config.catalogue import DEFAULT_URLS, PRESETS, PROVIDERS, Preset, ProviderName
 from ballast.config.deployment import Deployment, DeploymentTls
 from ballast.config.errors import ConfigError
 from ballast.config.loading import expand_env, load_settings, parse_settings, yaml_problem
@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_URLS",
     "MASK",
     "PRESETS",
+    "PROVIDERS",
     "AnthropicOptions",
     "AwsSettings",
     "AzureOptions",
