@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, SecretStr
+from pydantic import AliasChoices, BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -21,7 +21,7 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
 HEADER = """# Configuration reference
 
-Generated from the settings schema (`src/ballast/config.py`) by
+Generated from the settings schema (`src/ballast/config/`) by
 `python scripts/config_docs.py`; do not edit by hand. YAML; `${VAR}` and
 `${VAR:-default}` expand from the environment in any string. `ballast check-config FILE`
 prints the resolved config (secrets masked) or every error with its path.
@@ -31,7 +31,7 @@ prints the resolved config (secrets masked) or every error with its path.
 
 
 # Meanings for keys whose schema field has no description of its own. A key with neither
-# fails tests/unit/test_config_docs.py: describe new settings in config.py.
+# fails tests/unit/test_config_docs.py: describe new settings in ballast/config/.
 MEANINGS = {
     "server.host": "address to listen on (`--host` overrides)",
     "server.port": "port to listen on (`--port` overrides)",
@@ -49,19 +49,8 @@ MEANINGS = {
     "routing.health_window": "seconds of history a deployment's health score is made of",
     "routing.continuation": "continue a stream broken after its first token on another deployment",
     "routing.breaker": "each deployment's circuit breaker",
-    "routing.breaker.failure_threshold": "consecutive failures that open the breaker",
-    "routing.breaker.failure_rate": "failure share over `window` that opens it (null: off)",
-    "routing.breaker.min_calls": "calls in the window before the failure rate counts",
-    "routing.breaker.window": "seconds the failure rate is measured over",
-    "routing.breaker.open_time": "first open period before a half-open probe",
-    "routing.breaker.max_open_time": "longest open period",
-    "routing.breaker.probe_timeout": "a half-open trial without a verdict frees its slot",
-    "routing.breaker.half_open_probes": "trial requests let through while half-open",
     "state.redis_url": "Redis for shared limits, spend, cache, handles and admin pub/sub",
     "state.database_url": "SQLite (one instance) or PostgreSQL (several) for keys, spend, jobs",
-    "state.redis_breaker.failure_threshold": "failed calls that open the Redis breaker",
-    "state.redis_breaker.recovery_timeout": "seconds before one probe tries Redis again",
-    "state.redis_breaker.probe_timeout": "that probe's own timeout",
     "state.database_timeout": "one database call",
     "state.spend_flush_interval": "seconds between spend batches written to the database",
     "state.spend_journal": "file holding spend not yet in the database (survives a crash)",
@@ -71,9 +60,6 @@ MEANINGS = {
     "jobs.backends.<name>.poll_interval": "first status poll interval (grows with jitter)",
     "jobs.backends.<name>.max_poll_interval": "longest status poll interval",
     "jobs.backends.<name>.lost_contact_timeout": "no answer at all for this long: failed",
-    "jobs.backends.<name>.breaker.failure_threshold": "failed submissions that open it",
-    "jobs.backends.<name>.breaker.open_time": "first open period",
-    "jobs.backends.<name>.breaker.max_open_time": "longest open period",
     "jobs.backends.<name>.submit_path": "http protocol: where a job is submitted",
     "jobs.backends.<name>.status_path": "http protocol: a job's status",
     "jobs.backends.<name>.cancel_path": "http protocol: cancelling a job",
@@ -150,6 +136,15 @@ def _default(field: FieldInfo) -> str:
     return f"`{json.dumps(value)}`"
 
 
+def _former_names(field: FieldInfo, name: str) -> str:
+    """A key's other names still read from a file (a renamed key keeps working)."""
+    alias = field.validation_alias
+    if not isinstance(alias, AliasChoices):
+        return ""
+    others = [f"`{c}`" for c in alias.choices if isinstance(c, str) and c != name]
+    return f" (also read as {', '.join(others)})" if others else ""
+
+
 def _doc(model: type[BaseModel]) -> str:
     return " ".join((model.__doc__ or "").split())
 
@@ -163,6 +158,7 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str]) -> None:
         origin = typing.get_origin(annotation)
         if sub is not None:
             meaning = meaning or _doc(sub)
+        meaning += _former_names(field, name)
         out.append(f"| `{key}` | {_type_name(annotation)} | {_default(field)} | {meaning} |")
         if sub is not None:
             if origin is list:

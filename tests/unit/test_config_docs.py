@@ -30,6 +30,6 @@ def test_every_key_has_a_default_and_a_meaning() -> None:
     for row in rows:
         key, _type, default, meaning = (cell.strip() for cell in row.strip("|").split(" | "))
         assert default, key
-        assert meaning, f"{key} has no meaning: describe it in config.py"
+        assert meaning, f"{key} has no meaning: describe it in ballast/config/"
     keys = {row.split("`")[1] for row in rows}
     assert {"server.master_key", "models[].deployments[].headers", "fleet.fallback_poll"} <= keys

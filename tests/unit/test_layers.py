@@ -117,6 +117,11 @@ def test_the_bottom_layer_imports_nothing_above_it() -> None:
     assert imports_of("resilience") == set()
 
 
+def test_the_settings_import_only_the_bottom_layer() -> None:
+    # Every layer reads its settings, so the config may import none of them.
+    assert imports_of("config") <= {"resilience"}
+
+
 @pytest.mark.parametrize("layer", LAYERS)
 def test_each_layer_imports_only_the_layers_below_it(layer: str) -> None:
     above = set(LAYERS[LAYERS.index(layer) + 1 :])

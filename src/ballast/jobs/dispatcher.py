@@ -18,7 +18,7 @@ import random
 import uuid
 from typing import Any
 
-from ballast.config import JobBackendSettings, JobsSettings
+from ballast.config import JobsSettings, breaker_config
 from ballast.jobs.backends import build
 from ballast.jobs.backends.base import (
     JobBackend,
@@ -30,23 +30,12 @@ from ballast.jobs.backends.base import (
 )
 from ballast.jobs.progress import estimate
 from ballast.jobs.store import Job, JobStore
-from ballast.resilience.breaker import BreakerConfig, CircuitBreaker, Permit
+from ballast.resilience.breaker import CircuitBreaker, Permit
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("ballast.jobs")
 
 SHUTDOWN_GRACE = 5.0
-
-
-def breaker_config(settings: JobBackendSettings) -> BreakerConfig:
-    b = settings.breaker
-    return BreakerConfig(
-        failure_threshold=b.failure_threshold,
-        failure_rate=None,
-        open_time=b.open_time,
-        max_open_time=max(b.max_open_time, b.open_time),
-        probe_timeout=b.probe_timeout,
-    )
 
 
 class Dispatcher:
@@ -68,7 +57,7 @@ class Dispatcher:
             name: build(name, conf, self.owner) for name, conf in settings.backends.items()
         }
         self.breakers = {
-            name: CircuitBreaker(f"jobs:{name}", breaker_config(b.settings), clock)
+            name: CircuitBreaker(f"jobs:{name}", breaker_config(b.settings.breaker), clock)
             for name, b in self.backends.items()
         }
         self._trials: dict[str, Permit] = {}  # job id -> half-open permit awaiting a verdict

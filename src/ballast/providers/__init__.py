@@ -1,10 +1,12 @@
 """One adapter per upstream protocol, behind the interface in `base.py`. `ADAPTERS` maps a
-deployment's `provider` to its adapter; adding a provider means one module here, its name in
-this table and in the config's `provider` field, and the simulator speaking its wire."""
+deployment's `provider` to its adapter, for every name in the config's provider catalogue
+(`config/catalogue.py`, which the config validates against) and for nothing else; adding a
+provider means one module here, its name in the catalogue and in this table, and the
+simulator speaking its wire."""
 
 from __future__ import annotations
 
-from ballast.config import PRESETS
+from ballast.config.catalogue import PRESETS
 from ballast.providers.actor import ActorAdapter
 from ballast.providers.anthropic import AnthropicAdapter
 from ballast.providers.azure import AzureAdapter

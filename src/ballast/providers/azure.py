@@ -33,7 +33,7 @@ class AzureAdapter(Adapter):
             self._headers = header_lines({"api-key": key.get_secret_value()})
         query = f"?api-version={quote(options.api_version)}" if options.api_version else ""
         self._query = query
-        self._prefix = "/openai/v1"  # the URL is the resource's endpoint (config.py)
+        self._prefix = "/openai/v1"  # the URL is the resource's endpoint (config/deployment.py)
         self._wires: dict[tuple[str, str], Wire] = {}  # (path, model) -> its wire, made once
 
     def _deployment_prefix(self, model: str) -> str:

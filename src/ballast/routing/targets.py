@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ballast.config import Deployment, ModelGroup, Settings
+from ballast.config import Deployment, ModelGroup, Settings, breaker_config
 from ballast.providers import ADAPTERS, Adapter, AdapterContext
 from ballast.providers.base import SessionSource
-from ballast.resilience.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from ballast.resilience.breaker import BreakerState, CircuitBreaker
 from ballast.resilience.clock import Clock
 from ballast.resilience.handles import SharedSource
 from ballast.routing.health import DeploymentHealth, choose
@@ -44,21 +44,6 @@ class Target:
         self.upstream = self.adapter.upstream
 
 
-def breaker_config(settings: Settings) -> BreakerConfig:
-    b = settings.routing.breaker
-    return BreakerConfig(
-        failure_threshold=b.failure_threshold,
-        failure_rate=b.failure_rate,
-        window=b.window,
-        min_calls=b.min_calls,
-        open_time=b.open_time,
-        max_open_time=b.max_open_time,
-        half_open_probes=b.half_open_probes,
-        probe_timeout=b.probe_timeout,
-        open_multiplier=b.open_multiplier,
-    )
-
-
 class Targets:
     """Every deployment of one configuration, by id and by model group."""
 
@@ -80,7 +65,7 @@ class Targets:
         self._by_group: dict[str, list[Target]] = {}
         self._exact: dict[str, ModelGroup] = {}
         self._wildcards: list[ModelGroup] = []
-        config = breaker_config(settings)
+        config = breaker_config(settings.routing.breaker)
         routing = settings.routing
         for group in settings.models:
             if group.is_wildcard:

@@ -8,8 +8,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ballast.config import StateSettings
-from ballast.resilience.breaker import BreakerConfig, BreakerOpenError, BreakerState, CircuitBreaker
+from ballast.config import StateSettings, breaker_config
+from ballast.resilience.breaker import BreakerOpenError, BreakerState, CircuitBreaker
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:  # redis is imported only when a Redis URL is configured
@@ -35,17 +35,9 @@ class RedisStore:
         on_transition: Callable[[str, BreakerState, BreakerState], None] | None = None,
     ) -> None:
         self.timeout = settings.redis_timeout
-        b = settings.redis_breaker
         self.breaker = CircuitBreaker(
             "redis",
-            BreakerConfig(
-                failure_threshold=b.failure_threshold,
-                failure_rate=None,
-                open_time=b.recovery_timeout,
-                max_open_time=b.recovery_timeout,
-                open_multiplier=1.0,
-                probe_timeout=b.probe_timeout,
-            ),
+            breaker_config(settings.redis_breaker),
             clock,
             on_transition or _log_transition,
         )

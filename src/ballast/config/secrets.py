@@ -1,0 +1,61 @@
+"""Secrets never shown: the resolved config as data with every secret masked, and URLs
+with their passwords and secret query values masked (for logs and the terminal)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ballast.config.settings import Settings
+
+MASK = "****"
+# A field is secret when its name says so, wherever it sits (provider credentials included).
+_SECRET_NAME = re.compile(
+    r"(^|[_-])(api[_-]?key|key|secret|token|password|passwd|credentials?|authorization|auth"
+    r"|cookie|signature|sig|private[_-]?key|session[_-]?token|access[_-]?key(_id)?)$",
+    re.IGNORECASE,
+)
+# Secret values inside a URL: its user:password and query parameters named like secrets.
+_URL_USERINFO = re.compile(r"(://[^:/@\s]*):[^@/\s]*@")
+_URL_QUERY_SECRET = re.compile(
+    r"([?&](?:[a-z0-9_-]*(?:key|token|secret|password|sig|signature|auth)[a-z0-9_-]*)=)[^&#\s]*",
+    re.IGNORECASE,
+)
+
+
+def mask_url(text: str) -> str:
+    """A URL (or any text holding one) with its password and secret query values masked."""
+    if "://" in text:
+        text = _URL_USERINFO.sub(rf"\1:{MASK}@", text)
+    if "=" in text:
+        text = _URL_QUERY_SECRET.sub(rf"\1{MASK}", text)
+    return text
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+def _mask_tree(value: Any, name: str = "") -> Any:
+    if isinstance(value, dict):
+        if name == "headers":
+            # Custom headers carry credentials under any name (x-goog-api-key, api-key,
+            # proxy-authorization, ...): none of their values is shown.
+            return {k: MASK for k in value}
+        return {k: _mask_tree(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask_tree(v, name) for v in value]
+    if isinstance(value, str) and value:
+        if is_secret_name(name) or name == "proxy":
+            return MASK
+        return mask_url(value)
+    return value
+
+
+def masked(settings: Settings) -> dict[str, Any]:
+    """The resolved config as plain data, with every secret replaced by a mask: fields named
+    like secrets, every custom header's value, and passwords and secret query parameters in
+    URLs, wherever they are."""
+    data: dict[str, Any] = _mask_tree(settings.model_dump(mode="json"))
+    return data

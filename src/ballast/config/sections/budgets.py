@@ -1,0 +1,33 @@
+"""What requests cost and how budgets reserve it (`prices:`, `budgets:`)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ballast.config.base import Section
+
+
+class ModelPrice(Section):
+    """Dollars per million tokens."""
+
+    input: float = Field(0.0, ge=0)
+    output: float = Field(0.0, ge=0)
+    cached_input: float | None = Field(
+        None, ge=0, description="cached prompt tokens; unset: the input price"
+    )
+    max_output_tokens: int | None = Field(
+        None, ge=1, description="the model's longest answer: a budget's worst case"
+    )
+
+
+class BudgetSettings(Section):
+    """Budgets reserve a request's worst-case cost before it goes upstream."""
+
+    default_max_output_tokens: int = Field(
+        4096, ge=1, description="worst case of a request without max_tokens, model unknown"
+    )
+    grant_divisor: float = Field(
+        8.0, ge=1, description="a grant takes up to what is left of a budget / this"
+    )
+    grant_accept_for: float = Field(30.0, gt=0, description="seconds a grant takes requests")
+    built_in_prices: bool = Field(True, description="price known models from the built-in table")
