@@ -282,11 +282,6 @@ _OPERATIONS = {
 }
 
 
-def operation_of(path: str) -> str:
-    """gen_ai.operation.name for a path."""
-    return _OPERATIONS.get(path, "chat")
-
-
 def outcome_of(trace: Trace, status: int, attempts: int, client_gone: bool) -> str:
     """How a request ended, as the client saw it. A client that went away is `client_gone`,
     whatever status went out before it left."""

@@ -33,7 +33,7 @@ class AnthropicAdapter(Adapter):
     def __init__(self, deployment: Deployment, upstream: Upstream, context: AdapterContext):
         super().__init__(deployment, upstream, context)
         self.options = deployment.anthropic or AnthropicOptions()
-        self.capabilities = Capabilities(prefill=True, stream_usage=True)
+        self.capabilities = Capabilities(prefill=True)
         headers = {"anthropic-version": self.options.version}
         if deployment.api_key is not None:
             headers["x-api-key"] = deployment.api_key.get_secret_value()
