@@ -15,6 +15,7 @@ import typer
 import yaml
 
 from ballast.config import ConfigError, load_settings, masked
+from ballast.resilience.clock import SYSTEM_CLOCK
 
 if TYPE_CHECKING:
     from ballast.state.hub import StateHub
@@ -256,8 +257,6 @@ def keys_create(
     team: Annotated[str | None, typer.Option(help="the id of the team it belongs to")] = None,
 ) -> None:
     """Create a key; it is printed once and stored only as a hash."""
-    import time
-
     from ballast.api.key_fields import key_options
     from ballast.pipeline.errors import ApiError
 
@@ -269,7 +268,7 @@ def keys_create(
         "max_parallel": max_parallel,
         "budget": budget,
         "budget_period": budget_period,
-        "expires_at": time.time() + expires_in_days * 86400 if expires_in_days else None,
+        "expires_at": SYSTEM_CLOCK.time() + expires_in_days * 86400 if expires_in_days else None,
         "max_concurrent_jobs": max_jobs,
         "team_id": team,
     }
@@ -289,14 +288,12 @@ def keys_create(
 @keys_cli.command("list")
 def keys_list(config: ConfigOption) -> None:
     """List keys with their limits and spend this period (never the keys themselves)."""
-    import time
-
     from ballast.state.spend import period_of
 
     async def work(hub: StateHub) -> Any:
         rows = []
         for record in await hub.keys.list():
-            period = period_of(record.budget_period, time.time())
+            period = period_of(record.budget_period, hub.clock.time())
             rows.append((record, period, await hub.spend.key_spend(record.id, period)))
         return rows
 
@@ -355,8 +352,6 @@ def keys_update(
     ] = None,
 ) -> None:
     """Change a key's limits, budget, models, expiry or team."""
-    import time
-
     from ballast.api.key_fields import key_changes
 
     data = _key_data(
@@ -366,7 +361,7 @@ def keys_update(
         max_parallel=max_parallel,
         budget=budget,
         budget_period=budget_period,
-        expires_at=time.time() + expires_in_days * 86400 if expires_in_days else None,
+        expires_at=SYSTEM_CLOCK.time() + expires_in_days * 86400 if expires_in_days else None,
         team_id=team,
     )
     for field in (clear or "").split(","):
@@ -438,14 +433,12 @@ def teams_create(
 @teams_cli.command("list")
 def teams_list(config: ConfigOption) -> None:
     """List teams with their limits, keys and spend this period."""
-    import time
-
     from ballast.state.spend import period_of
 
     async def work(hub: StateHub) -> Any:
         rows = []
         for team in await hub.teams.list():
-            period = period_of(team.budget_period, time.time())
+            period = period_of(team.budget_period, hub.clock.time())
             spent = await hub.teams.spend(team.id, period)
             rows.append((team, period, spent, await hub.teams.keys(team.id)))
         return rows

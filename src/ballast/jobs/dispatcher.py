@@ -32,6 +32,7 @@ from ballast.jobs.progress import estimate
 from ballast.jobs.store import Job, JobStore
 from ballast.resilience.breaker import BreakerConfig, CircuitBreaker, Permit
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.deadline import Deadline
 
 log = logging.getLogger("ballast.jobs")
 
@@ -93,9 +94,12 @@ class Dispatcher:
                 await self.tick()
             except Exception:
                 log.exception("jobs: dispatcher tick failed; retrying")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.claim_interval):
-                    await self._wake.wait()
+            clock = self.clock
+            with (
+                contextlib.suppress(TimeoutError),
+                Deadline(clock, clock.monotonic() + self.settings.claim_interval),
+            ):
+                await self._wake.wait()
             self._wake.clear()
 
     async def close(self) -> None:
@@ -108,7 +112,12 @@ class Dispatcher:
                 await self._loop_task
         pending = list(self._inflight.values())
         if pending:
-            _, late = await asyncio.wait(pending, timeout=SHUTDOWN_GRACE)
+            with (
+                contextlib.suppress(TimeoutError),
+                Deadline(self.clock, self.clock.monotonic() + SHUTDOWN_GRACE),
+            ):
+                await asyncio.wait(pending)
+            late = [task for task in pending if not task.done()]
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)

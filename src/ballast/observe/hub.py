@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -80,7 +79,7 @@ class Traffic:
     BUCKET = 10.0
     BUCKETS = 30
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = SYSTEM_CLOCK.time) -> None:
         self._clock = clock
         self._counts: dict[str, list[int]] = {}
         self._epochs: dict[str, list[int]] = {}
@@ -121,7 +120,7 @@ class Observer:
     ) -> None:
         self.monotonic = clock.monotonic  # request latencies (a Trace reads it too)
         self._time = clock.time  # event timestamps
-        self.metrics = Metrics(targets)
+        self.metrics = Metrics(targets, clock)
         self.traffic = Traffic(clock.time)
         self.events: deque[dict[str, Any]] = deque(maxlen=ring_size)
         self._seq = itertools.count(1)
