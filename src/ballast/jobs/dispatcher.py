@@ -30,6 +30,7 @@ from ballast.jobs.backends.base import (
 )
 from ballast.jobs.progress import estimate
 from ballast.jobs.store import Job, JobStore
+from ballast.resilience.backoff import Backoff
 from ballast.resilience.breaker import BreakerConfig, CircuitBreaker, Permit
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.deadline import Deadline
@@ -37,6 +38,16 @@ from ballast.resilience.deadline import Deadline
 log = logging.getLogger("ballast.jobs")
 
 SHUTDOWN_GRACE = 5.0
+# A running job's status polls space out by this factor from poll_interval up to
+# max_poll_interval, each drawn from the last 20% below that (never sooner than 80% of it).
+POLL_GROWTH = 1.5
+POLL_JITTER = 0.2
+
+
+def poll_backoff(settings: JobBackendSettings) -> Backoff:
+    return Backoff(
+        settings.poll_interval, settings.max_poll_interval, factor=POLL_GROWTH, jitter=POLL_JITTER
+    )
 
 
 def breaker_config(settings: JobBackendSettings) -> BreakerConfig:
@@ -197,12 +208,10 @@ class Dispatcher:
     # -- submission ---------------------------------------------------------------------
 
     def _next_poll(self, job: Job, backend: JobBackend, polls: int | None = None) -> float:
-        s = backend.settings
         n = job.polls if polls is None else polls
-        interval = min(s.max_poll_interval, s.poll_interval * (1.5 ** min(n, 30)))
         if job.cancel_requested:
-            interval = s.poll_interval
-        return self.clock.time() + interval * self.rng.uniform(0.8, 1.2)
+            n = 0  # a cancellation is followed closely
+        return self.clock.time() + poll_backoff(backend.settings).delay(n, self.rng)
 
     async def _submit(self, job: Job) -> None:
         backend = self.backends[job.backend]
