@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from ballast.api.openai import OPENAI, OpenAIHandlers
 from ballast.config import ConfigError, Settings, load_settings
-from ballast.heap import settle_after_retire
+from ballast.gc_tuning import settle_after_retire
 from ballast.observe.hub import Observer, Trace
 from ballast.observe.tracing import request_attributes
 from ballast.pipeline.asgi import Receive, Scope, Send
