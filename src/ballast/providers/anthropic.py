@@ -16,8 +16,8 @@ from ballast.providers.base import Adapter, AdapterContext, Capabilities, Outbou
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
-from ballast.upstream.codec import Wire
 from ballast.upstream.http1 import header_lines
+from ballast.upstream.provider_wire import Wire
 
 _PING = {"role": "user", "content": "ping"}
 

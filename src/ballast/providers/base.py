@@ -17,7 +17,7 @@ from ballast.config import Deployment
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.handles import HandleCache, SharedSource
 from ballast.upstream.client import Route, Upstream
-from ballast.upstream.codec import Wire
+from ballast.upstream.provider_wire import Wire
 
 T = TypeVar("T")
 
