@@ -53,7 +53,7 @@ from ballast.pipeline.respond import HeaderAllowlist, Responder
 from ballast.pipeline.shape import Shape, TranslatedSend
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.failures import Action, Failure
-from ballast.routing.attempts import Attempts
+from ballast.routing.attempt_loop import Attempts
 from ballast.routing.dispatch import OpenStream
 from ballast.routing.router import Router
 from ballast.types import BODY_WRITER, Message, Receive, Scope, Send

@@ -16,7 +16,7 @@ from ballast.resilience.clock import Clock
 from ballast.resilience.deadline import Deadline
 from ballast.resilience.failures import Failure
 from ballast.routing.attempt import Attempt
-from ballast.routing.attempts import AttemptLoop, Attempts, Exchange, Routable, first_success
+from ballast.routing.attempt_loop import AttemptLoop, Attempts, Exchange, Routable, first_success
 from ballast.routing.targets import Target
 from ballast.upstream.client import Route
 from ballast.upstream.collect import collect
