@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import os
 import statistics
 import sys
@@ -81,12 +82,15 @@ async def measure(
     setup_logging("warning")
     app = BallastApp(Settings.model_validate(config))
     await app.startup()
-    try:  # as `ballast serve` does once started (trees older than heap.py do not)
-        from ballast.heap import settle_after_startup
-
-        settle_after_startup(app.settings.server.gc_young_threshold)
-    except ImportError:
-        pass
+    # As `ballast serve` does once started; the module was heap.py in older trees, and trees
+    # older still have none.
+    for module in ("ballast.gc_tuning", "ballast.heap"):
+        try:
+            tuning = importlib.import_module(module)
+        except ImportError:
+            continue
+        tuning.settle_after_startup(app.settings.server.gc_young_threshold)
+        break
     model = "bench-stream" if args.stream else "bench-model"
     body = b'{"model": "%s", "stream": %s, "messages": [{"role": "user", "content": "hi"}]}' % (
         model.encode(),

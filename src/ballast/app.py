@@ -23,7 +23,7 @@ from ballast.api.reload import Generation, Reloader
 from ballast.api.responses.shape import ResponsesShape
 from ballast.cache.service import build_cache
 from ballast.config import Settings
-from ballast.heap import settle_after_startup
+from ballast.gc_tuning import settle_after_startup
 from ballast.jobs.dispatcher import Dispatcher
 from ballast.jobs.store import JobStore
 from ballast.observe.hub import Observer

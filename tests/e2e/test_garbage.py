@@ -1,5 +1,5 @@
 """A request leaves no reference cycles behind: everything it made is freed by reference
-counting when it ends. With the collector as a server tunes it (heap.py: rare young
+counting when it ends. With the collector as a server tunes it (gc_tuning.py: rare young
 collections, start-up frozen), cyclic garbage piles up between collections, and each one
 walks it all while every request of the worker waits; under load that was a pause of
 hundreds of milliseconds every few seconds. Whole answers, slow ones (the disconnect

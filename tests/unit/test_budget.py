@@ -1,15 +1,14 @@
-"""Retry budget, backoff with jitter, Retry-After parsing."""
+"""Retry budget and Retry-After parsing."""
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from ballast.resilience.clock import ManualClock
-from ballast.resilience.retry import RetryBudget, backoff_delay, parse_retry_after
+from ballast.resilience.retry import RetryBudget, parse_retry_after
 
 
 def drain(budget: RetryBudget, limit: int = 10_000) -> int:
@@ -52,20 +51,6 @@ def test_budget_refills_as_the_window_moves() -> None:
 def test_budget_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError):
         RetryBudget(ratio=-1)
-
-
-def test_backoff_full_jitter_within_exponential_bound() -> None:
-    rng = random.Random(5)
-    for attempt, upper in ((0, 0.1), (1, 0.2), (3, 0.8), (10, 2.0)):
-        samples = [backoff_delay(attempt, base=0.1, cap=2.0, rng=rng) for _ in range(400)]
-        assert all(0.0 <= s <= upper for s in samples)
-        assert max(samples) > 0.9 * upper and min(samples) < 0.1 * upper
-
-
-def test_backoff_huge_or_negative_attempt() -> None:
-    rng = random.Random(1)
-    assert 0.0 <= backoff_delay(10_000, base=0.1, cap=3.0, rng=rng) <= 3.0
-    assert 0.0 <= backoff_delay(-4, base=0.1, cap=3.0, rng=rng) <= 0.1
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ballast.upstream import http1, wire
+from ballast.upstream import http1, http_common
 from ballast.upstream.http1 import Origin, Pool, split_url
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[bool]]
@@ -536,13 +536,15 @@ async def test_an_ipv6_loopback_upstream_is_reachable() -> None:
     assert f"host: [::1]:{port}\r\n".encode() in seen[0]
 
 
-@pytest.mark.parametrize("kind", [wire.Disconnected, wire.TooLarge, wire.ConnectTimeout])
+@pytest.mark.parametrize(
+    "kind", [http_common.Disconnected, http_common.TooLarge, http_common.ConnectTimeout]
+)
 def test_a_stored_error_raised_again_is_a_copy_and_the_stored_one_keeps_no_traceback(
-    kind: type[wire.HttpError],
+    kind: type[http_common.HttpError],
 ) -> None:
     stored = kind("upstream connection broke mid-answer")
     for _ in range(2):
         with pytest.raises(kind, match="broke mid-answer") as raised:
-            raise wire.again(stored)
+            raise http_common.again(stored)
         assert raised.value is not stored and raised.value.__traceback__ is not None
     assert stored.__traceback__ is None

@@ -8,7 +8,6 @@ import asyncio
 import hmac
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -83,7 +82,7 @@ class Admin:
         self.app = app
         self.reloader = reloader
         self.fleet = fleet
-        self.started = time.time()
+        self.started = app.clock.time()
         if fleet is not None:
             self._join(fleet)
         self._routes: dict[tuple[str, str], tuple[Handler, bool]] = {
@@ -271,10 +270,11 @@ class Admin:
                 }
             )
         last = app.observer.events[-1]["seq"] if app.observer.events else 0
+        now = app.clock.time()
         return {
-            "time": time.time(),
+            "time": now,
             "pid": os.getpid(),
-            "uptime": time.time() - self.started,
+            "uptime": now - self.started,
             "ready": app.ready,
             "generation": generation.number,
             "reloads": self.reloader.reloads,

@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 
 from ballast.config import FleetSettings
+from ballast.resilience.deadline import Deadline
 from ballast.state.commands import CHANNEL, Command, CommandLog
 from ballast.state.hub import StateHub
 from ballast.state.store import StoreUnavailable
@@ -152,11 +153,10 @@ class Fleet:
         return [p for p in self.directory.glob("w-*.sock") if p != self.socket]
 
     async def _ask(self, path: Path, message: dict[str, Any]) -> Any:
-        timeout = self.settings.peer_timeout
+        clock, timeout = self.clock, self.settings.peer_timeout
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(str(path), limit=MAX_LINE), timeout
-            )
+            with Deadline(clock, clock.monotonic() + timeout):
+                reader, writer = await asyncio.open_unix_connection(str(path), limit=MAX_LINE)
         except (ConnectionRefusedError, FileNotFoundError):
             _remove(path)  # a worker that is gone left its socket behind
             return None
@@ -164,7 +164,8 @@ class Fleet:
             return None
         try:
             writer.write(orjson.dumps(message) + b"\n")
-            line = await asyncio.wait_for(reader.readline(), timeout)
+            with Deadline(clock, clock.monotonic() + timeout):
+                line = await reader.readline()
             return orjson.loads(line) if line else None
         except (OSError, TimeoutError, orjson.JSONDecodeError, ValueError):
             return None

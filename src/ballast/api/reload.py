@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from ballast.api.routes import build_routes
 from ballast.config import ConfigError, Settings, load_settings
-from ballast.heap import settle_after_retire
+from ballast.gc_tuning import settle_after_retire
 from ballast.observe.hub import Observer
 from ballast.pipeline.pipeline import Pipeline
 from ballast.pipeline.shape import Shape

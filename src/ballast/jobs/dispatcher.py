@@ -18,7 +18,7 @@ import random
 import uuid
 from typing import Any
 
-from ballast.config import JobsSettings, breaker_config
+from ballast.config import JobBackendSettings, JobsSettings, breaker_config
 from ballast.jobs.backends import build
 from ballast.jobs.backends.base import (
     JobBackend,
@@ -30,12 +30,24 @@ from ballast.jobs.backends.base import (
 )
 from ballast.jobs.progress import estimate
 from ballast.jobs.store import Job, JobStore
+from ballast.resilience.backoff import Backoff
 from ballast.resilience.breaker import CircuitBreaker, Permit
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.deadline import Deadline
 
 log = logging.getLogger("ballast.jobs")
 
 SHUTDOWN_GRACE = 5.0
+# A running job's status polls space out by this factor from poll_interval up to
+# max_poll_interval, each drawn from the last 20% below that (never sooner than 80% of it).
+POLL_GROWTH = 1.5
+POLL_JITTER = 0.2
+
+
+def poll_backoff(settings: JobBackendSettings) -> Backoff:
+    return Backoff(
+        settings.poll_interval, settings.max_poll_interval, factor=POLL_GROWTH, jitter=POLL_JITTER
+    )
 
 
 class Dispatcher:
@@ -82,9 +94,12 @@ class Dispatcher:
                 await self.tick()
             except Exception:
                 log.exception("jobs: dispatcher tick failed; retrying")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.claim_interval):
-                    await self._wake.wait()
+            clock = self.clock
+            with (
+                contextlib.suppress(TimeoutError),
+                Deadline(clock, clock.monotonic() + self.settings.claim_interval),
+            ):
+                await self._wake.wait()
             self._wake.clear()
 
     async def close(self) -> None:
@@ -97,7 +112,12 @@ class Dispatcher:
                 await self._loop_task
         pending = list(self._inflight.values())
         if pending:
-            _, late = await asyncio.wait(pending, timeout=SHUTDOWN_GRACE)
+            with (
+                contextlib.suppress(TimeoutError),
+                Deadline(self.clock, self.clock.monotonic() + SHUTDOWN_GRACE),
+            ):
+                await asyncio.wait(pending)
+            late = [task for task in pending if not task.done()]
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
@@ -177,12 +197,10 @@ class Dispatcher:
     # -- submission ---------------------------------------------------------------------
 
     def _next_poll(self, job: Job, backend: JobBackend, polls: int | None = None) -> float:
-        s = backend.settings
         n = job.polls if polls is None else polls
-        interval = min(s.max_poll_interval, s.poll_interval * (1.5 ** min(n, 30)))
         if job.cancel_requested:
-            interval = s.poll_interval
-        return self.clock.time() + interval * self.rng.uniform(0.8, 1.2)
+            n = 0  # a cancellation is followed closely
+        return self.clock.time() + poll_backoff(backend.settings).delay(n, self.rng)
 
     async def _submit(self, job: Job) -> None:
         backend = self.backends[job.backend]

@@ -8,6 +8,7 @@ slot is `holds_slot` on the row: set at creation, cleared by the terminal update
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ import orjson
 import sqlalchemy as sa
 
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.deadline import Deadline
 from ballast.state.db import Database
 from ballast.state.schema import jobs
 
@@ -126,11 +128,11 @@ class JobStore:
         self._changed = asyncio.Event()
 
     async def changed(self, timeout: float) -> None:  # noqa: ASYNC109
-        try:
-            async with asyncio.timeout(timeout):
-                await self._changed.wait()
-        except TimeoutError:
-            pass
+        with (
+            contextlib.suppress(TimeoutError),
+            Deadline(self.clock, self.clock.monotonic() + timeout),
+        ):
+            await self._changed.wait()
 
     # -- the client's side ------------------------------------------------------------
 

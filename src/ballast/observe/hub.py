@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -40,7 +39,7 @@ class Traffic:
     BUCKET = 10.0
     BUCKETS = 30
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = SYSTEM_CLOCK.time) -> None:
         self._clock = clock
         self._counts: dict[str, list[int]] = {}
         self._epochs: dict[str, list[int]] = {}
@@ -81,7 +80,7 @@ class Observer:
     ) -> None:
         self.monotonic = clock.monotonic  # request latencies (a Responder reads it too)
         self._time = clock.time  # event timestamps
-        self.metrics = Metrics(targets)
+        self.metrics = Metrics(targets, clock)
         self.traffic = Traffic(clock.time)
         self.events: deque[dict[str, Any]] = deque(maxlen=ring_size)
         self._seq = itertools.count(1)
@@ -240,11 +239,6 @@ _OPERATIONS = {
     "/messages": "chat",
     "/responses": "chat",
 }
-
-
-def operation_of(path: str) -> str:
-    """gen_ai.operation.name for a path."""
-    return _OPERATIONS.get(path, "chat")
 
 
 def outcome_of(trace: Traced, status: int, attempts: int, client_gone: bool) -> str:

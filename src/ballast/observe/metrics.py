@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from ballast.observe.families import StatsCollector
 from ballast.observe.request_stats import RequestStats, Snapshots
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
@@ -42,7 +43,9 @@ class Metrics:
     """The gateway's metrics. `targets` (a callable returning the live router's targets) is
     read at scrape time for the gauges that describe current state."""
 
-    def __init__(self, targets: Callable[[], Iterable[Any]] | None = None) -> None:
+    def __init__(
+        self, targets: Callable[[], Iterable[Any]] | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._multiproc = multiprocess_dir()
         # In multiprocess mode the values live in files and are collected from there; the
         # metric objects are not registered anywhere.
@@ -130,7 +133,9 @@ class Metrics:
         self.stats = RequestStats()
         # The hot path: one call per client request, straight to the counters.
         self.request = self.stats.record
-        self.snapshots = Snapshots(self.stats, self._multiproc) if self._multiproc else None
+        self.snapshots = (
+            Snapshots(self.stats, self._multiproc, clock=clock) if self._multiproc else None
+        )
         self.registry.register(_LiveCollector(self))
         self.registry.register(StatsCollector(self.stats))
 

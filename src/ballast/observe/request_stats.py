@@ -24,6 +24,8 @@ from typing import Any
 
 import orjson
 
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+
 log = logging.getLogger("ballast.metrics")
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -252,9 +254,15 @@ class Snapshots:
     """This worker's counters in the shared metrics directory, and everyone's read back."""
 
     def __init__(
-        self, stats: RequestStats, directory: str, interval: float = 1.0, name: str = ""
+        self,
+        stats: RequestStats,
+        directory: str,
+        interval: float = 1.0,
+        name: str = "",
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.stats = stats
+        self.clock = clock
         self.directory = Path(directory)
         self.interval = interval
         self.path = self.directory / f"{SNAPSHOT_PREFIX}{name or os.getpid()}.json"
@@ -275,7 +283,7 @@ class Snapshots:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            await self.clock.sleep(self.interval)
             try:
                 await self.flush()
             except OSError as exc:

@@ -13,7 +13,7 @@ from ballast.state.ratelimit import Lease
 
 if TYPE_CHECKING:
     from ballast.cache.service import Lookup
-    from ballast.routing.attempts import Attempts
+    from ballast.routing.attempt_loop import Attempts
 
 
 @dataclass(slots=True)

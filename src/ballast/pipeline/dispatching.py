@@ -17,7 +17,7 @@ from ballast.pipeline.relay import Relay
 from ballast.pipeline.respond import Responder
 from ballast.pipeline.shape import TranslatedSend
 from ballast.pipeline.stages import Flow, Next
-from ballast.routing.attempts import Attempts
+from ballast.routing.attempt_loop import Attempts
 from ballast.routing.dispatch import OpenStream
 from ballast.types import Message, Send
 

@@ -24,7 +24,7 @@ class KeepAlive:
     """One stream's keep-alive: a timer while the first token is awaited, and the beat it
     starts when it fires. `stop` ends both before anything else is sent."""
 
-    __slots__ = ("_clock", "_interval", "_send", "_start", "_task", "_timer", "beats", "started")
+    __slots__ = ("_clock", "_interval", "_send", "_start", "_task", "_timer", "started")
 
     def __init__(
         self,
@@ -40,7 +40,6 @@ class KeepAlive:
         self._start = start  # sends the response's start (the headers of an event stream)
         self._task: asyncio.Task[None] | None = None
         self.started = started  # the response has started (headers are out)
-        self.beats = 0
         self._timer: Timer | None = clock.call_later(interval, self._fire)
 
     def _fire(self) -> None:
@@ -52,7 +51,6 @@ class KeepAlive:
             self.started = True  # before the send: its bytes are written at once
             await self._start()
         await self._send({"type": "http.response.body", "body": COMMENT, "more_body": True})
-        self.beats += 1
         self._timer = self._clock.call_later(self._interval, self._fire)
 
     async def stop(self) -> None:

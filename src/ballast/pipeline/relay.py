@@ -19,7 +19,7 @@ from ballast.pipeline.shape import StreamTranslator
 from ballast.pipeline.splice import Diverged, Sent, Splice
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
-from ballast.routing.attempts import Attempts
+from ballast.routing.attempt_loop import Attempts
 from ballast.routing.dispatch import Dispatch, OpenStream
 from ballast.types import BodyWriter
 from ballast.upstream.sse import event_data

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from ballast.pipeline.asgi import JSON, header
 from ballast.pipeline.errors import ApiError
 from ballast.pipeline.shape import Rendering
+from ballast.resilience.clock import SYSTEM_CLOCK
 from ballast.types import BodyWriter, Message, Scope, Send
 
 Headers = list[tuple[bytes, bytes]]
@@ -97,7 +97,7 @@ class Responder:
         request_id: bytes,
         shape: Rendering = _OPENAI,
         writer: BodyWriter | None = None,
-        now: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] = SYSTEM_CLOCK.monotonic,
     ) -> None:
         self._send = send
         self._now = now

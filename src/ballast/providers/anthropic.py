@@ -16,8 +16,8 @@ from ballast.providers.base import Adapter, AdapterContext, Capabilities, Outbou
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
-from ballast.upstream.codec import Wire
 from ballast.upstream.http1 import header_lines
+from ballast.upstream.provider_wire import Wire
 
 _PING = {"role": "user", "content": "ping"}
 
@@ -33,7 +33,7 @@ class AnthropicAdapter(Adapter):
     def __init__(self, deployment: Deployment, upstream: Upstream, context: AdapterContext):
         super().__init__(deployment, upstream, context)
         self.options = deployment.anthropic or AnthropicOptions()
-        self.capabilities = Capabilities(prefill=True, stream_usage=True)
+        self.capabilities = Capabilities(prefill=True)
         headers = {"anthropic-version": self.options.version}
         if deployment.api_key is not None:
             headers["x-api-key"] = deployment.api_key.get_secret_value()

@@ -10,7 +10,7 @@ import orjson
 
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure, Kind
-from ballast.upstream.codec import Decoder, Wire
+from ballast.upstream.provider_wire import Decoder, Wire
 from ballast.upstream.sse import DONE, MAX_EVENT_BYTES, SseSplitter, event_data
 
 FINISH = {

@@ -15,8 +15,8 @@ from urllib.parse import quote
 from ballast.config import AzureOptions, Deployment
 from ballast.providers.base import Adapter, AdapterContext, OutboundCall
 from ballast.upstream.client import Upstream
-from ballast.upstream.codec import Wire
 from ballast.upstream.http1 import header_lines
+from ballast.upstream.provider_wire import Wire
 
 
 class AzureAdapter(Adapter):

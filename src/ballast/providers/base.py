@@ -1,9 +1,9 @@
 """The provider interface: what the attempt loop and the relay ask of an upstream protocol.
 
 An adapter turns the pipeline's request into the bytes one deployment is sent, says what the
-provider can do (go on from a prefill, report usage in a stream, hand out per-run
-endpoints), and routes a call through whatever the provider needs around it (a run handle,
-an access token). It owns no policy: retries, breakers and deadlines stay with routing."""
+provider can do (go on from a prefill, hand out per-run endpoints), and routes a call through
+whatever the provider needs around it (a run handle, an access token). It owns no policy:
+retries, breakers and deadlines stay with routing."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ballast.config import Deployment
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.handles import HandleCache, SharedSource
 from ballast.upstream.client import Route, Upstream
-from ballast.upstream.codec import Wire
+from ballast.upstream.provider_wire import Wire
 
 T = TypeVar("T")
 
@@ -27,7 +27,6 @@ _UNSET = object()
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     prefill: bool = False  # continues an assistant message it is given (continuation)
-    stream_usage: bool = True  # reports usage in a stream when `stream_options` asks
 
 
 class OutboundCall(Protocol):

@@ -31,8 +31,8 @@ from ballast.providers.native import (
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
-from ballast.upstream.codec import Decoder, Wire
 from ballast.upstream.eventstream import EventStreamDecoder, EventStreamError
+from ballast.upstream.provider_wire import Decoder, Wire
 from ballast.upstream.sse import MAX_EVENT_BYTES
 
 log = logging.getLogger("ballast.providers.bedrock")

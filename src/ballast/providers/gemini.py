@@ -25,7 +25,7 @@ from ballast.providers.native import (
 from ballast.providers.native import malformed as malformed_event
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
-from ballast.upstream.codec import Decoder, Wire
+from ballast.upstream.provider_wire import Decoder, Wire
 from ballast.upstream.sse import MAX_EVENT_BYTES, SseSplitter, event_data
 
 

@@ -15,7 +15,7 @@ import ballast.providers.chat_shapes as cs
 from ballast.providers.base import Adapter, OutboundCall
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
-from ballast.upstream.codec import Wire
+from ballast.upstream.provider_wire import Wire
 from ballast.upstream.sse import DONE
 
 Ids = tuple[str, int, str]

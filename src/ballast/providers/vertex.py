@@ -24,7 +24,7 @@ from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.resilience.handles import Handle, HandleCache, HandleUnavailable, Key
 from ballast.upstream.client import Route, Upstream
-from ballast.upstream.codec import Wire
+from ballast.upstream.provider_wire import Wire
 
 log = logging.getLogger("ballast.providers.vertex")
 

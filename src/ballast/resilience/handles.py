@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ballast.resilience.backoff import Backoff
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("ballast.handles")
@@ -78,8 +79,8 @@ class HandleCache:
         self._release = release
         self._clock = clock
         self.refresh_margin = refresh_margin
-        self._failure_backoff = failure_backoff
-        self._max_failure_backoff = max_failure_backoff
+        # Not jittered: the wait is told to the waiting clients as their Retry-After.
+        self._backoff = Backoff(failure_backoff, max_failure_backoff, jitter=0.0)
         self._handles: dict[Key, Handle] = {}
         self._sessions: dict[Key, str] = {}
         self._flights: dict[Key, asyncio.Future[Handle]] = {}
@@ -145,7 +146,7 @@ class HandleCache:
             if self._handles.get(key) is stale and stale is not None:
                 del self._handles[key]  # never leave a handle we know to be bad
             count = self._failures.get(key, (0, 0.0))[0] + 1
-            backoff = min(self._max_failure_backoff, self._failure_backoff * 2 ** (count - 1))
+            backoff = self._backoff.delay(count - 1)
             self._failures[key] = (count, self._clock.monotonic() + backoff)
             self.stats.failed += 1
             log.warning("could not create a handle for model %s: %s", key[1], type(exc).__name__)

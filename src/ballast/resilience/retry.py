@@ -1,4 +1,5 @@
-"""Retry budget, backoff and Retry-After: how much retrying the gateway may do, and when.
+"""Retry budget and Retry-After: how much retrying the gateway may do, and when (the wait
+between tries is `backoff.py`'s).
 
 Retries without a budget multiply load exactly when upstreams are weakest (a retry
 storm); a budget caps them at a fraction of real traffic.
@@ -7,7 +8,6 @@ storm); a budget caps them at a fraction of real traffic.
 from __future__ import annotations
 
 import math
-import random
 import re
 from datetime import UTC
 from email.utils import parsedate_to_datetime
@@ -57,16 +57,6 @@ class RetryBudget:
         requests, _ = self._requests.totals()
         retries, _ = self._retries.totals()
         return max(0.0, self.ratio * requests + self.reserve - retries)
-
-
-def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random) -> float:
-    """Exponential backoff with full jitter: uniform(0, min(cap, base x 2^attempt)).
-
-    Full jitter spreads synchronized retriers apart instead of moving the herd.
-    """
-    attempt = max(0, attempt)
-    upper = cap if attempt >= 63 else min(cap, base * 2.0**attempt)
-    return rng.uniform(0.0, max(0.0, upper))
 
 
 def parse_retry_after(value: str | None, clock: Clock = SYSTEM_CLOCK) -> float | None:

@@ -4,6 +4,7 @@ opened on the first deployment that produces a first token (hedged when configur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -12,9 +13,10 @@ from ballast.cache.replay import assemble
 from ballast.config import ModelGroup
 from ballast.providers.base import EditedCall, OutboundCall
 from ballast.resilience.clock import Clock
+from ballast.resilience.deadline import Deadline
 from ballast.resilience.failures import Failure
 from ballast.routing.attempt import Attempt
-from ballast.routing.attempts import AttemptLoop, Attempts, Exchange, Routable, first_success
+from ballast.routing.attempt_loop import AttemptLoop, Attempts, Exchange, Routable, first_success
 from ballast.routing.targets import Target
 from ballast.upstream.client import Route
 from ballast.upstream.collect import collect
@@ -243,8 +245,10 @@ class Dispatch:
         """No first token after `delay`: ask a second deployment too, as one more attempt of
         the request; the first to produce a token wins and the other is abandoned."""
         primary = asyncio.ensure_future(open_on(attempt, model))
-        done, _ = await asyncio.wait({primary}, timeout=delay)
-        if done:
+        clock = self.clock
+        with contextlib.suppress(TimeoutError), Deadline(clock, clock.monotonic() + delay):
+            await asyncio.wait({primary})
+        if primary.done():
             return primary.result()
         backup = self.loop.hedge_target(attempt.target, attempts)
         if backup is None:

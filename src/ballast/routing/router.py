@@ -13,7 +13,7 @@ from ballast.providers.base import SessionSource
 from ballast.resilience.breaker import BreakerState
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.handles import SharedSource
-from ballast.routing.attempts import AttemptLoop
+from ballast.routing.attempt_loop import AttemptLoop
 from ballast.routing.dispatch import Dispatch
 from ballast.routing.probe import ProbeGate, Prober
 from ballast.routing.targets import Target, Targets

@@ -37,7 +37,7 @@ class StateHub:
             instances=state.instances,
             clock=clock,
             release_delay=state.ratelimit_release_delay,
-            shared=_shared_windows(state.spend_journal) if _several_workers(state) else None,
+            shared=_shared_windows(state.spend_journal, clock) if _several_workers(state) else None,
         )
         self.spend = SpendRecorder(
             self.db, self.store, state.spend_journal, state.spend_flush_interval, clock
@@ -78,11 +78,11 @@ class StateHub:
         }
 
 
-def _shared_windows(journal: str) -> SharedWindows | None:
+def _shared_windows(journal: str, clock: Clock) -> SharedWindows | None:
     """The machine's rate-limit windows, beside the spend journal (one per deployment
     directory); None where a file cannot be mapped (limits are then per process)."""
     try:
-        return SharedWindows(Path(journal + ".limits"))
+        return SharedWindows(Path(journal + ".limits"), clock=clock)
     except OSError as exc:
         log.warning("rate limits are per worker: cannot map their shared file (%s)", exc)
         return None

@@ -64,7 +64,7 @@ import itertools
 import os
 
 from ballast.resilience.breaker import BreakerState
-from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
 from ballast.state.ratelimit_lease import (
     _LOCAL,
     _NONE,
@@ -119,7 +119,7 @@ class RateLimiter(RedisSide, LocalSide):
         # Releases not yet in Redis, per key: (lease id, window booked, token delta).
         self._deferred: dict[str, list[tuple[str, int, int]]] = {}
         self._release_delay = release_delay
-        self._flush_timer: asyncio.TimerHandle | None = None
+        self._flush_timer: Timer | None = None
         self._flushes: set[asyncio.Task[None]] = set()
         self._asks: list[_Ask] = []  # acquires waiting for this turn's pipeline
         self._releasing: dict[str, asyncio.Future[None]] = {}  # keys with releases in flight

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Final
 
+from ballast.resilience.clock import Clock, Timer
 from ballast.state.ratelimit_lease import _REASONS, _REDIS, Lease, Limits, RateLimited, _headers
 from ballast.state.ratelimit_lua import _ACQUIRE_SHA, _RELEASE_SHA, ACQUIRE_LUA, RELEASE_LUA
 from ballast.state.resp import Command, ReplyError, is_no_script
@@ -50,11 +51,12 @@ class RedisSide:
     """`RateLimiter`'s shared windows in Redis, and the releases on their way there."""
 
     _store: RedisStore | None
+    _clock: Clock
     _lease_ttl_ms: int
     _prefix: str
     _deferred: dict[str, list[tuple[str, int, int]]]
     _release_delay: float
-    _flush_timer: asyncio.TimerHandle | None
+    _flush_timer: Timer | None
     _flushes: set[asyncio.Task[None]]
     _asks: list[_Ask]
     _releasing: dict[str, asyncio.Future[None]]
@@ -161,8 +163,7 @@ class RedisSide:
     def _defer(self, key_id: str, release: tuple[str, int, int]) -> None:
         self._deferred.setdefault(key_id, []).append(release)
         if self._flush_timer is None:
-            loop = asyncio.get_running_loop()
-            self._flush_timer = loop.call_later(self._release_delay, self._start_flush)
+            self._flush_timer = self._clock.call_later(self._release_delay, self._start_flush)
 
     def _start_flush(self) -> None:
         self._flush_timer = None

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.ratelimit_lease import _LocalKey
 
 log = logging.getLogger("ballast.ratelimit")
@@ -40,8 +41,9 @@ _EMPTY = bytes(16)
 
 
 class SharedWindows:
-    def __init__(self, path: Path, slots: int = 4096) -> None:
+    def __init__(self, path: Path, slots: int = 4096, clock: Clock = SYSTEM_CLOCK) -> None:
         self.slots = slots
+        self._clock = clock  # the system's monotonic clock is the whole machine's
         self.size = slots * _SLOT.size
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -131,7 +133,7 @@ class SharedWindows:
         if any(fields[7::2]):
             return False
         window = fields[1]
-        now = int(_monotonic() // 60.0)
+        now = int(self._clock.monotonic() // 60.0)
         return bool(window < now - 1)
 
     def _clear_dead(self) -> None:
@@ -170,12 +172,6 @@ def _add_count(pairs: list[int], pid: int, delta: int) -> None:
             pairs[i], pairs[i + 1] = pid, delta
             return
     pairs[-1] += delta  # more processes than pairs: the last one is shared
-
-
-def _monotonic() -> float:
-    import time
-
-    return time.monotonic()
 
 
 def _alive(pid: int) -> bool:

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 
 from ballast.config import ModelPrice
+from ballast.resilience.backoff import Backoff
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.db import Database
 from ballast.state.schema import spend_totals
@@ -148,6 +149,7 @@ class SpendRecorder(FlushSide):
         clock: Clock = SYSTEM_CLOCK,
         max_backoff: float = 30.0,
         *,
+        backoff_jitter: float = 0.5,
         counter_ttl: float = 3600.0,
         rng: random.Random | None = None,
     ) -> None:
@@ -157,7 +159,11 @@ class SpendRecorder(FlushSide):
         self.replay_journal = self.journal.with_name(self.journal.name + ".replay")
         self.flush_interval = flush_interval
         self.clock = clock
-        self.max_backoff = max(max_backoff, flush_interval)
+        # The n-th failure in a row waits flush_interval x 2^n at most (the jitter keeps at
+        # least half of it), never longer than max_backoff.
+        self.backoff = Backoff(
+            flush_interval, max(max_backoff, flush_interval), jitter=backoff_jitter
+        )
         self.counter_ttl = counter_ttl
         self._rng = rng or random.Random()
         # Events only in memory: new ones, and the batch a flush is writing right now.

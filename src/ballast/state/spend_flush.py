@@ -17,6 +17,7 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ballast.resilience.backoff import Backoff
 from ballast.resilience.clock import Clock
 from ballast.state.db import Database
 from ballast.state.schema import spend_events, spend_totals
@@ -89,7 +90,7 @@ class FlushSide(JournalSide):
     store: RedisStore | None
     flush_interval: float
     clock: Clock
-    max_backoff: float
+    backoff: Backoff
     failures: int
     retry_at: float
     db_attempts: int
@@ -223,8 +224,7 @@ class FlushSide(JournalSide):
 
     def _on_failure(self, exc: BaseException, replayed: int, batch: int) -> None:
         self.failures += 1
-        ceiling = min(self.max_backoff, self.flush_interval * 2.0**self.failures)
-        delay = ceiling * self._rng.uniform(0.5, 1.0)
+        delay = self.backoff.delay(self.failures, self._rng)
         self.retry_at = self.clock.monotonic() + delay
         log.warning(
             "spend flush failed (%s): %d buffered + %d journaled events kept; retry in %.1fs",

@@ -17,7 +17,6 @@ from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.deadline import Deadline
 from ballast.resilience.failures import Failure
 from ballast.upstream import http1, proxy, tls
-from ballast.upstream.codec import Wire
 from ballast.upstream.http1 import (
     Pool,
     Response,
@@ -26,6 +25,7 @@ from ballast.upstream.http1 import (
     header_lines,
     split_url,
 )
+from ballast.upstream.provider_wire import Wire
 
 log = logging.getLogger("ballast.upstream")
 

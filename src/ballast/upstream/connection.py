@@ -16,8 +16,8 @@ from typing import Protocol, cast
 
 import httptools
 
+from ballast.upstream.http_common import BadResponse, Disconnected, Origin
 from ballast.upstream.response import CarrierPool, Response
-from ballast.upstream.wire import BadResponse, Disconnected, Origin
 
 
 class ConnectionPool(CarrierPool["_Connection"], Protocol):

@@ -12,7 +12,7 @@ import uuid
 import zlib
 from dataclasses import dataclass
 
-from ballast.upstream.wire import again
+from ballast.upstream.http_common import again
 
 PRELUDE_BYTES = 12
 CRC_BYTES = 4

@@ -16,8 +16,8 @@ from ballast.resilience.deadline import Deadline, Watchdog
 from ballast.resilience.failures import Failure
 from ballast.resilience.retry import parse_retry_after
 from ballast.upstream.client import Route, Upstream, relay_headers
-from ballast.upstream.codec import Decoder, Wire
 from ballast.upstream.http1 import HttpError, Response, TooLarge
+from ballast.upstream.provider_wire import Decoder, Wire
 from ballast.upstream.sse import DONE, EventTooLarge, SseSplitter, StreamState, event_data
 
 MAX_ERROR_BODY = 64 * 1024

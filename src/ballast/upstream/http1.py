@@ -16,24 +16,15 @@ TLS. Answers may be framed by length, by chunks or by the end of the connection;
 gzip- or deflate-encoded although we ask for identity is decoded. A body nobody reads stops
 the socket being read once a bounded buffer is full.
 
-The client is four modules, kept apart the way httpcore keeps its own: `wire.py` (errors,
-origins, header lines), `response.py` (an answer and its body), `connection.py` (the
-protocol on one socket) and `pool.py` (the bounded pool and dialling). This module is
+The client is four modules, kept apart the way httpcore keeps its own: `http_common.py`
+(errors, origins, header lines), `response.py` (an answer and its body), `connection.py`
+(the protocol on one socket) and `pool.py` (the bounded pool and dialling). This module is
 their public face: the rest of Ballast imports the client from here.
 """
 
 from __future__ import annotations
 
-from ballast.upstream.pool import (
-    DRAIN_TIMEOUT,
-    HIGH_WATER,
-    Pool,
-    ProxyChoice,
-    ProxyHop,
-    default_tls_context,
-)
-from ballast.upstream.response import Response
-from ballast.upstream.wire import (
+from ballast.upstream.http_common import (
     MAX_HEAD,
     BadResponse,
     ConnectFailed,
@@ -48,6 +39,15 @@ from ballast.upstream.wire import (
     header_lines,
     split_url,
 )
+from ballast.upstream.pool import (
+    DRAIN_TIMEOUT,
+    HIGH_WATER,
+    Pool,
+    ProxyChoice,
+    ProxyHop,
+    default_tls_context,
+)
+from ballast.upstream.response import Response
 
 __all__ = [
     "DRAIN_TIMEOUT",

@@ -17,8 +17,7 @@ from typing import Protocol
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
 from ballast.resilience.deadline import Deadline
 from ballast.upstream.connection import _Connection
-from ballast.upstream.response import Response
-from ballast.upstream.wire import (
+from ballast.upstream.http_common import (
     MAX_HEAD,
     ConnectFailed,
     ConnectTimeout,
@@ -26,6 +25,7 @@ from ballast.upstream.wire import (
     Origin,
     PoolTimeout,
 )
+from ballast.upstream.response import Response
 
 HIGH_WATER = 256 * 1024  # buffered body bytes at which reading from the socket pauses
 DRAIN_TIMEOUT = 1.0  # seconds a released answer's last bytes may take to keep its connection

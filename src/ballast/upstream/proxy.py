@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import SecretStr
 
 from ballast.config import ConfigError
-from ballast.upstream.wire import MAX_HEAD, ConnectFailed, Origin
+from ballast.upstream.http_common import MAX_HEAD, ConnectFailed, Origin
 
 _CACHE_LIMIT = 1024  # origins remembered per deployment (per-run endpoints add some)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Protocol, Self, TypeVar
 
 from ballast.resilience.clock import Clock, Timer
-from ballast.upstream.wire import BadResponse, Headers, HttpError, TooLarge, again
+from ballast.upstream.http_common import BadResponse, Headers, HttpError, TooLarge, again
 
 _Conn = TypeVar("_Conn", contravariant=True)
 

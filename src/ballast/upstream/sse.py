@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 DONE = b"data: [DONE]"
 
 
@@ -146,8 +144,6 @@ class StreamState:
     done: bool = False
     usage: dict[str, Any] | None = None
     malformed: int = 0
-    data_events: int = 0
-    role_sent: bool = False
     limit: int = 1_000_000
     kept: int = 0
 
@@ -163,7 +159,6 @@ class StreamState:
         """Record one parsed data payload (a chat or text completion chunk). Runs for every
         event of every stream: written for the common shape (a delta with only `content`),
         with few calls; anything else takes `_observe_other`."""
-        self.data_events += 1
         if not isinstance(payload, dict):
             return
         choices = payload.get("choices")
@@ -219,8 +214,6 @@ class StreamState:
                 self.usage = usage
 
     def _observe_other(self, delta: dict[str, Any]) -> None:
-        if "role" in delta:
-            self.role_sent = True
         calls = delta.get("tool_calls")
         if calls and isinstance(calls, list):
             self.output = True
@@ -277,11 +270,3 @@ class StreamState:
                         self._forget()
             elif arguments is not None:
                 self.untracked = True
-
-
-def parse_payload(data: bytes) -> Any:
-    """A data payload as JSON; raises ValueError when it is not."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise ValueError("malformed event") from exc

@@ -36,6 +36,6 @@ class ServerSettings(Section):
     gc_young_threshold: int = Field(
         10_000,
         ge=0,
-        description="new objects between young garbage collections once started (heap.py);"
+        description="new objects between young garbage collections once started (gc_tuning.py);"
         " 0 keeps Python's defaults",
     )

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 # `alive` is an answer the protocol does not know: a heartbeat, never a verdict.
 RemoteState = Literal["queued", "running", "succeeded", "failed", "cancelled", "alive"]
-TERMINAL_REMOTE = frozenset({"succeeded", "failed", "cancelled"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,207 +1,26 @@
-"""The `ballast` command."""
+"""`ballast db`, `ballast keys` and `ballast teams`: the database's migrations, virtual keys
+and teams, administered from the command line against the configured database (registered
+by :mod:`ballast.cli`)."""
 
 from __future__ import annotations
 
-import logging
-import math
-import os
-import signal
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-import yaml
 
-from ballast.config import ConfigError, load_settings, masked
+from ballast.cli.common import load_or_exit
+from ballast.resilience.clock import SYSTEM_CLOCK
 
 if TYPE_CHECKING:
     from ballast.state.hub import StateHub
 
 T = TypeVar("T")
 
-cli = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Ballast: a self-healing LLM gateway."
-)
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
-
-
-def _load_or_exit(config: Path):  # type: ignore[no-untyped-def]
-    try:
-        return load_settings(config)
-    except ConfigError as exc:
-        for line in exc.errors:
-            typer.echo(line, err=True)
-        raise typer.Exit(2) from None
-
-
-@cli.command("check-config")
-def check_config(config: Annotated[Path, typer.Argument(help="YAML config file")]) -> None:
-    """Print the resolved config with secrets masked, or every error with its path (exit 2)."""
-    settings = _load_or_exit(config)
-    typer.echo(yaml.safe_dump(masked(settings), sort_keys=False))
-
-
-def _startup_line(
-    settings: Any, host: str, port: int | None, workers: int, tls: Path | None
-) -> None:
-    """One line saying what is about to serve: where, how many workers, which models and
-    state backends (secrets masked). Printed with one worker too."""
-    from ballast.config import mask_url
-
-    state = settings.state
-    scheme = "https" if tls else "http"
-    bound = settings.server.port if port is None else port
-    shown_host = f"[{host}]" if ":" in host else host
-    models = ", ".join(g.name for g in settings.models)
-    redis = mask_url(state.redis_url) if state.redis_url else "none (local fallbacks)"
-    logging.getLogger("ballast.serve").info(
-        "Ballast serving on %s://%s:%d with %d worker%s; models: %s; database: %s; redis: %s",
-        scheme,
-        shown_host,
-        bound,
-        workers,
-        "" if workers == 1 else "s",
-        models[:500],
-        mask_url(state.database_url),
-        redis,
-    )
-
-
-@cli.command()
-def serve(
-    config: Annotated[Path, typer.Option("--config", "-c", help="YAML config file")],
-    host: Annotated[str | None, typer.Option(help="overrides server.host")] = None,
-    port: Annotated[int | None, typer.Option(help="overrides server.port")] = None,
-    workers: Annotated[int, typer.Option(help="worker processes sharing the port")] = 1,
-    reuse_port: Annotated[
-        bool,
-        typer.Option(
-            help="with several workers on Linux, a listening socket per worker (SO_REUSEPORT): "
-            "the kernel spreads connections evenly; off: one shared socket, where a burst "
-            "of connections can all land on one worker"
-        ),
-    ] = True,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
-    log_format: Annotated[str, typer.Option(help="json (one object a line) or text")] = "text",
-    proxy_headers: Annotated[
-        bool,
-        typer.Option(
-            help="trust X-Forwarded-For/-Proto from a reverse proxy on this host "
-            "(off: requests skip that work)"
-        ),
-    ] = False,
-    grace: Annotated[
-        float | None,
-        typer.Option(help="seconds SIGTERM lets requests finish (overrides server.shutdown_grace)"),
-    ] = None,
-    ssl_certfile: Annotated[
-        Path | None, typer.Option(help="serve HTTPS with this PEM certificate (chain)")
-    ] = None,
-    ssl_keyfile: Annotated[Path | None, typer.Option(help="the certificate's PEM key")] = None,
-) -> None:
-    """Run the gateway."""
-    import uvicorn
-
-    from ballast.observe import prepare_serve
-    from ballast.server.serving import run_server
-
-    if (ssl_certfile is None) != (ssl_keyfile is None):
-        typer.echo("--ssl-certfile and --ssl-keyfile go together", err=True)
-        raise typer.Exit(2)
-
-    settings = _load_or_exit(config)
-    prepare_serve(log_level, log_format, workers)
-    _startup_line(settings, host or settings.server.host, port, workers, ssl_certfile)
-    os.environ["BALLAST_CONFIG"] = str(config.resolve())
-    os.environ["BALLAST_WORKERS"] = str(workers)  # workers share rate limits when several
-    # uvicorn re-raises SIGTERM/SIGINT once its graceful shutdown is over; by then everything
-    # has been flushed, so the re-raised signal ends the command normally (exit 0).
-    for stop_signal in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(stop_signal, lambda signum, frame: None)
-    config_ = uvicorn.Config(
-        "ballast.app:app_from_env",
-        factory=True,
-        http="ballast.server.protocol:GuardedHttpToolsProtocol",
-        host=host or settings.server.host,
-        port=settings.server.port if port is None else port,
-        workers=workers,
-        loop="ballast.server.accept:GatewayLoop",  # uvloop, accepting in batches
-        lifespan="on",
-        access_log=False,
-        proxy_headers=proxy_headers,
-        server_header=False,
-        log_level=log_level if log_level != "info" else "warning",
-        timeout_keep_alive=max(1, round(settings.server.keepalive_timeout)),
-        timeout_graceful_shutdown=math.ceil(
-            settings.server.shutdown_grace if grace is None else grace
-        ),
-        ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
-        ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
-    )
-    run_server(config_, reuse_port)
-
-
-@cli.command()
-def sim(
-    port: Annotated[int, typer.Option(help="port to listen on")] = 9000,
-    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
-    default: Annotated[
-        str, typer.Option(help="default behaviour spec, e.g. 'ok?tokens=32'")
-    ] = "ok",
-    name: Annotated[str, typer.Option(help="name shown in logs")] = "sim",
-) -> None:
-    """Run the fault-injecting OpenAI-compatible simulator."""
-    from ballast.sim.server import run_sim
-
-    _setup_logging("info")
-    run_sim(host, port, default, name)
-
-
-@cli.command()
-def actor(
-    backend: Annotated[str, typer.Option(help="the inference server's base URL")],
-    port: Annotated[int, typer.Option(help="port to listen on")] = 8100,
-    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
-    idle_timeout: Annotated[
-        float, typer.Option(help="seconds before an idle run is reclaimed")
-    ] = 900.0,
-    jwt_ttl: Annotated[float, typer.Option(help="seconds a run token lives")] = 3600.0,
-) -> None:
-    """Run the reference sampling actor (secrets from BALLAST_ACTOR_CONTROL_SECRET and
-    BALLAST_ACTOR_JWT_SECRET)."""
-    from ballast.actor.cli import actor_command
-
-    _setup_logging("info")
-    actor_command(backend, port, host, idle_timeout, jwt_ttl)
-
-
-@cli.command()
-def demo(
-    seconds: Annotated[float, typer.Option(help="how long the workload runs")] = 40.0,
-) -> None:
-    """Start two simulated upstreams and the gateway, inject faults, and show them survived."""
-    import asyncio
-
-    from ballast.demo import run_demo
-
-    _setup_logging("error")
-    code = asyncio.run(run_demo(seconds))
-    raise typer.Exit(code)
-
-
 db_cli = typer.Typer(no_args_is_help=True, help="The database: migrations.")
 keys_cli = typer.Typer(no_args_is_help=True, help="Virtual API keys.")
-cli.add_typer(db_cli, name="db")
-cli.add_typer(keys_cli, name="keys")
+teams_cli = typer.Typer(no_args_is_help=True, help="Teams: keys sharing a budget and limits.")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML config file")]
 
@@ -212,7 +31,7 @@ def _with_state(config: Path, work: Callable[[StateHub], Awaitable[T]]) -> T:
 
     from ballast.state.hub import StateHub
 
-    settings = _load_or_exit(config)
+    settings = load_or_exit(config)
 
     from ballast.api.fleet import announce_key_changes
 
@@ -256,8 +75,6 @@ def keys_create(
     team: Annotated[str | None, typer.Option(help="the id of the team it belongs to")] = None,
 ) -> None:
     """Create a key; it is printed once and stored only as a hash."""
-    import time
-
     from ballast.api.key_fields import key_options
     from ballast.pipeline.errors import ApiError
 
@@ -269,7 +86,7 @@ def keys_create(
         "max_parallel": max_parallel,
         "budget": budget,
         "budget_period": budget_period,
-        "expires_at": time.time() + expires_in_days * 86400 if expires_in_days else None,
+        "expires_at": SYSTEM_CLOCK.time() + expires_in_days * 86400 if expires_in_days else None,
         "max_concurrent_jobs": max_jobs,
         "team_id": team,
     }
@@ -289,14 +106,12 @@ def keys_create(
 @keys_cli.command("list")
 def keys_list(config: ConfigOption) -> None:
     """List keys with their limits and spend this period (never the keys themselves)."""
-    import time
-
     from ballast.state.spend import period_of
 
     async def work(hub: StateHub) -> Any:
         rows = []
         for record in await hub.keys.list():
-            period = period_of(record.budget_period, time.time())
+            period = period_of(record.budget_period, hub.clock.time())
             rows.append((record, period, await hub.spend.key_spend(record.id, period)))
         return rows
 
@@ -355,8 +170,6 @@ def keys_update(
     ] = None,
 ) -> None:
     """Change a key's limits, budget, models, expiry or team."""
-    import time
-
     from ballast.api.key_fields import key_changes
 
     data = _key_data(
@@ -366,7 +179,7 @@ def keys_update(
         max_parallel=max_parallel,
         budget=budget,
         budget_period=budget_period,
-        expires_at=time.time() + expires_in_days * 86400 if expires_in_days else None,
+        expires_at=SYSTEM_CLOCK.time() + expires_in_days * 86400 if expires_in_days else None,
         team_id=team,
     )
     for field in (clear or "").split(","):
@@ -402,8 +215,17 @@ def keys_rotate(
     typer.echo(f"id:  {key_id}\nkey: {rotated[0]}\n(store it now: it is not shown again)")
 
 
-teams_cli = typer.Typer(no_args_is_help=True, help="Teams: keys sharing a budget and limits.")
-cli.add_typer(teams_cli, name="teams")
+@keys_cli.command("revoke")
+def keys_revoke(config: ConfigOption, key_id: Annotated[str, typer.Argument()]) -> None:
+    """Revoke a key by id."""
+
+    async def work(hub: StateHub) -> Any:
+        return await hub.keys.revoke(key_id)
+
+    if not _with_state(config, work):
+        typer.echo(f"no key with id {key_id}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"revoked {key_id}")
 
 
 @teams_cli.command("create")
@@ -438,14 +260,12 @@ def teams_create(
 @teams_cli.command("list")
 def teams_list(config: ConfigOption) -> None:
     """List teams with their limits, keys and spend this period."""
-    import time
-
     from ballast.state.spend import period_of
 
     async def work(hub: StateHub) -> Any:
         rows = []
         for team in await hub.teams.list():
-            period = period_of(team.budget_period, time.time())
+            period = period_of(team.budget_period, hub.clock.time())
             spent = await hub.teams.spend(team.id, period)
             rows.append((team, period, spent, await hub.teams.keys(team.id)))
         return rows
@@ -455,24 +275,3 @@ def teams_list(config: ConfigOption) -> None:
             f"{team.id}  {team.name}  rpm={team.rpm} tpm={team.tpm} parallel={team.max_parallel}"
             f" budget={team.budget}  spend({period})={spent:.6f}  keys={','.join(keys) or '-'}"
         )
-
-
-@keys_cli.command("revoke")
-def keys_revoke(config: ConfigOption, key_id: Annotated[str, typer.Argument()]) -> None:
-    """Revoke a key by id."""
-
-    async def work(hub: StateHub) -> Any:
-        return await hub.keys.revoke(key_id)
-
-    if not _with_state(config, work):
-        typer.echo(f"no key with id {key_id}", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"revoked {key_id}")
-
-
-def main() -> None:
-    cli()
-
-
-if __name__ == "__main__":
-    main()

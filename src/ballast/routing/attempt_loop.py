@@ -22,10 +22,11 @@ from typing import Any, Protocol, TypeVar
 from ballast.config import ModelGroup, Settings
 from ballast.observe.tracing import Tracer, attempt_attributes
 from ballast.resilience import failures
+from ballast.resilience.backoff import Backoff
 from ballast.resilience.breaker import Permit
 from ballast.resilience.clock import Clock
 from ballast.resilience.failures import Action, Failure
-from ballast.resilience.retry import RetryBudget, backoff_delay
+from ballast.resilience.retry import RetryBudget
 from ballast.routing.attempt import Attempt, Verdicts
 from ballast.routing.targets import Target, Targets
 
@@ -233,9 +234,8 @@ class AttemptLoop:
                     )
                     raise _GroupExhausted
                 if round_number > 0:
-                    delay = backoff_delay(
-                        round_number - 1, routing.backoff_base, routing.backoff_cap, self.rng
-                    )
+                    backoff = Backoff(routing.backoff_base, routing.backoff_cap)
+                    delay = backoff.delay(round_number - 1, self.rng)
                     delay = min(delay, max(0.0, attempts.deadline - self.clock.monotonic()))
                     await self.clock.sleep(delay)
                 tried_this_round = True

@@ -10,7 +10,7 @@ import textwrap
 
 CASE = """
 import gc, weakref
-from ballast.heap import settle_after_retire, settle_after_startup
+from ballast.gc_tuning import settle_after_retire, settle_after_startup
 
 class Node:
     other = back = None
