@@ -230,14 +230,20 @@ class Access:
             raise invalid_key("This API key has expired.")
         return record, until
 
+    def open_now(self) -> bool:
+        """True while Ballast runs open and no new look for a first key is due yet."""
+        return (
+            not self.enabled and not self.keys.created and self.clock.monotonic() < self._open_until
+        )
+
+    def recent(self, authorization: bytes | None) -> KeyRecord | None:
+        """The key an Authorization value carried, when it was seen valid recently."""
+        return self._remembered(authorization) if self.enabled else None
+
     async def identify(self, scope: Scope, authorization: bytes | None) -> KeyRecord | None:
         """The caller's key, before anything about the request is looked at (so a caller
-        without one learns nothing of which models exist); None while Ballast runs open.
-        A key seen recently is known without awaiting anything."""
-        if not self.enabled and (
-            (not self.keys.created and self.clock.monotonic() < self._open_until)
-            or not await self.required()
-        ):
+        without one learns nothing of which models exist); None while Ballast runs open."""
+        if self.open_now() or not await self.required():
             return None
         key = self._remembered(authorization)
         if key is None:

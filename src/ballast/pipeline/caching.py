@@ -13,6 +13,7 @@ The response says what happened in `x-ballast-cache`: `hit`, `miss` or `bypass`.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -184,14 +185,18 @@ class Cache:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
 
-    async def __call__(self, flow: Flow, call_next: Next) -> None:
+    def __call__(self, flow: Flow, call_next: Next) -> Awaitable[None]:
         ctx, group = flow.ctx, flow.group
         assert ctx is not None and group is not None, "the cache runs after resolve"
         field = take_field(ctx) if "cache" in ctx.payload else None
-        cache = self.pipeline.cache
-        if group.cache is None or cache is None:
-            await call_next(flow)
-            return
+        if group.cache is None or self.pipeline.cache is None:
+            return call_next(flow)
+        return self._lookup(flow, call_next, field)
+
+    async def _lookup(self, flow: Flow, call_next: Next, field: Any) -> None:
+        ctx, group, cache = flow.ctx, flow.group, self.pipeline.cache
+        assert ctx is not None and group is not None and group.cache is not None
+        assert cache is not None
         # Waiting on an identical request already upstream is waiting too: watch the client.
         flow.watch = watch = DisconnectWatch(flow.receive, self.pipeline.clock)
         responder = flow.responder

@@ -4,6 +4,7 @@ usage and spend are settled before the answer's last bytes go out."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from ballast.cache.replay import is_complete
@@ -35,16 +36,15 @@ class Dispatch:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
 
-    async def __call__(self, flow: Flow, call_next: Next) -> None:
+    def __call__(self, flow: Flow, call_next: Next) -> Awaitable[None]:
         ctx, group = flow.ctx, flow.group
         assert ctx is not None and group is not None, "dispatch runs after resolve"
         watch = flow.watch
         if watch is None:
             flow.watch = watch = DisconnectWatch(flow.receive, self.pipeline.clock)
         if ctx.stream:
-            await self._stream(ctx, group, flow.responder, watch)
-        else:
-            await self._complete(ctx, group, flow.responder, watch)
+            return self._stream(ctx, group, flow.responder, watch)
+        return self._complete(ctx, group, flow.responder, watch)
 
     async def _complete(
         self, ctx: RequestContext, group: ModelGroup, responder: Responder, watch: DisconnectWatch

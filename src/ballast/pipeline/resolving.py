@@ -4,6 +4,8 @@ bridged)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from ballast.pipeline.errors import model_not_found
 from ballast.pipeline.pipeline import Pipeline
 from ballast.pipeline.stages import Flow, Next
@@ -13,7 +15,7 @@ class Resolve:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
 
-    async def __call__(self, flow: Flow, call_next: Next) -> None:
+    def __call__(self, flow: Flow, call_next: Next) -> Awaitable[None]:
         ctx = flow.ctx
         assert ctx is not None, "resolve runs after read"
         group = self.pipeline.router.resolve(ctx.model)
@@ -21,4 +23,4 @@ class Resolve:
             raise model_not_found(ctx.model)
         ctx.group = flow.group = group
         flow.shape.bind(ctx, group)
-        await call_next(flow)
+        return call_next(flow)
