@@ -13,7 +13,7 @@ from ballast.providers.bedrock import BedrockDecoder
 from ballast.providers.gemini import GeminiDecoder
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
-from tests.unit.test_eventstream import frame
+from tests.unit.upstream.test_eventstream import frame
 
 IDS = ("chatcmpl-1", 0, "m")
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))

@@ -14,7 +14,14 @@ from ballast.resilience.clock import ManualClock
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
 from ballast.upstream.exchange import UpstreamStream, open_stream
-from tests.unit.test_clock import ROLE, SSE_HEAD, Handler, chunked, fails_only_after, read_request
+from tests.unit.resilience.test_clock import (
+    ROLE,
+    SSE_HEAD,
+    Handler,
+    chunked,
+    fails_only_after,
+    read_request,
+)
 
 DONE = chunked(b"data: [DONE]\n\n")
 

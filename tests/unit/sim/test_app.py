@@ -26,7 +26,7 @@ from ballast.sim.server import SimServer, start_sim
 
 CHAT = "/v1/chat/completions"
 USER: list[Any] = [{"role": "user", "content": "hello"}]
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+SRC = str(Path(__file__).resolve().parents[3] / "src")
 
 
 @pytest.fixture

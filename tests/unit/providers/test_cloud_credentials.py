@@ -196,7 +196,7 @@ def test_the_cloud_credential_libraries_load_only_for_a_deployment_that_needs_th
         "loaded = [m for m in ('botocore', 'google.auth', 'google.oauth2') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
-    src = str(Path(__file__).resolve().parents[2] / "src")
+    src = str(Path(__file__).resolve().parents[3] / "src")
     env = {**os.environ, "PYTHONPATH": src}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr.decode()
