@@ -16,23 +16,15 @@ import pytest
 
 from ballast.sim.server import SimServer
 from tests.e2e.test_access import MASTER, admin, client, new_key
-from tests.stack import Gateway, Stack, deployment, group
+from tests.stack import Gateway, Stack, deployment, group, sqlite_state
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture
-def sim(stack: Stack) -> SimServer:
-    return stack.sim()
 
 
 def _config(sim: SimServer, tmp_path: Path, master: bool = True) -> dict[str, Any]:
     return {
         "server": {"master_key": MASTER} if master else {},
-        "state": {
-            "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-            "spend_journal": str(tmp_path / "spend.journal"),
-        },
+        "state": sqlite_state(tmp_path),
         "models": [
             group("cheap", deployment("c", sim, model="sim-cheap")),
             group("expensive", deployment("e", sim, model="sim-expensive")),

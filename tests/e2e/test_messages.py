@@ -14,7 +14,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from tests.stack import Gateway, SimServer, Stack, deployment, group, wait_for
+from tests.stack import Gateway, SimServer, Stack, deployment, group, sqlite_state, wait_for
 
 HI: list[Any] = [{"role": "user", "content": "hello there"}]
 TOOLS: list[Any] = [
@@ -34,11 +34,6 @@ def full(tokens: int) -> str:
 
 def client(gateway: Gateway, key: str = "sk-client") -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0, timeout=20)
-
-
-@pytest.fixture
-def sim(stack: Stack) -> SimServer:
-    return stack.sim()
 
 
 @pytest.fixture
@@ -280,11 +275,7 @@ def keyed(stack: Stack, sim: SimServer, tmp_path: Path) -> Gateway:
     return stack.gateway(
         {
             "server": {"master_key": MASTER},
-            "state": {
-                "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-                "spend_journal": str(tmp_path / "spend.journal"),
-                "spend_flush_interval": 0.1,
-            },
+            "state": sqlite_state(tmp_path, spend_flush_interval=0.1),
             "prices": {"sim-chat": {"input": 1_000_000, "output": 1_000_000}},  # $1 per token
             "models": [
                 group("claude", deployment("a", sim, model="sim-chat")),

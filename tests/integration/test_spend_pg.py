@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -63,14 +62,6 @@ def same(value: float) -> object:
 
 def unique_key() -> str:
     return "test-" + new_event_id()[:20]
-
-
-@pytest.fixture
-async def database(database_url: str) -> AsyncIterator[Database]:
-    db = Database(database_url)
-    await db.upgrade()
-    yield db
-    await db.close()
 
 
 async def stored(db: Database, key: str) -> tuple[set[str], int, float]:

@@ -23,7 +23,7 @@ from ballast.actor.runs import Ended, Run
 from ballast.actor.server import ActorServer, start_actor
 from ballast.actor.tokens import TokenIssuer
 from ballast.resilience.clock import ManualClock
-from ballast.sim.server import SimServer, start_sim
+from ballast.sim.server import SimServer
 
 CONTROL = "control-secret-for-tests-0123456789"
 JWT_SECRET = "jwt-secret-for-tests-0123456789abcdef"
@@ -40,21 +40,9 @@ INACTIVE = {
     }
 }
 
+pytestmark = pytest.mark.sim(name="backend")
+
 MakeActor = Callable[..., Awaitable[ActorServer]]
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[SimServer]:
-    server = await start_sim("127.0.0.1", 0, default="ok?tokens=4", name="backend")
-    try:
-        yield server
-    finally:
-        await server.close()
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
 
 
 @pytest.fixture
@@ -86,12 +74,6 @@ async def make_actor(sim: SimServer, clock: ManualClock) -> AsyncIterator[MakeAc
 @pytest.fixture
 async def actor(make_actor: MakeActor) -> ActorServer:
     return await make_actor()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        yield session
 
 
 def control(secret: str = CONTROL) -> dict[str, str]:

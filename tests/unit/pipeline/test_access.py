@@ -4,7 +4,6 @@ would fail every flush of that batch, and every replay of its journal)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +40,6 @@ MAX_COUNT = 2**31 - 1  # PostgreSQL's INTEGER
 )
 def test_token_counts_take_only_sane_numbers(usage: Any, expected: tuple[int, int]) -> None:
     assert token_counts(usage) == expected
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = Database(f"sqlite+aiosqlite:///{tmp_path / 'ballast.db'}")
-    await database.upgrade()
-    yield database
-    await database.close()
 
 
 async def test_garbage_usage_is_settled_and_flushed(db: Database, tmp_path: Path) -> None:

@@ -24,24 +24,11 @@ import pytest
 from ballast.sim.answer import full_text
 from ballast.sim.server import SimServer, start_sim
 
+pytestmark = pytest.mark.sim(name="alpha")
+
 CHAT = "/v1/chat/completions"
 USER: list[Any] = [{"role": "user", "content": "hello"}]
 SRC = str(Path(__file__).resolve().parents[3] / "src")
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[SimServer]:
-    server = await start_sim("127.0.0.1", 0, default="ok?tokens=4", name="alpha")
-    try:
-        yield server
-    finally:
-        await server.close()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        yield session
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ parse what it sends, and its faults look to them as the real services' do."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -22,19 +22,12 @@ from google.oauth2.credentials import Credentials as OAuthCredentials
 from urllib3.exceptions import ProtocolError
 
 from ballast.sim.answer import full_text
-from ballast.sim.server import SimServer, start_sim
+from ballast.sim.server import SimServer
+
+pytestmark = pytest.mark.sim(name="cloud")
 
 MODEL = "gemini-2.0-flash"
 BEDROCK_MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[SimServer]:
-    server = await start_sim("127.0.0.1", 0, default="ok?tokens=4", name="cloud")
-    try:
-        yield server
-    finally:
-        await server.close()
 
 
 async def _rule(sim: SimServer, model: str, spec: str) -> None:

@@ -20,14 +20,6 @@ from ballast.state.schema import api_keys
 from ballast.state.spend import SpendRecorder
 
 
-@pytest.fixture
-async def db(tmp_path: Path) -> Database:
-    database = Database(f"sqlite:///{tmp_path / 'keys.db'}")
-    await database.upgrade()
-    yield database  # type: ignore[misc]
-    await database.close()
-
-
 async def test_create_stores_only_a_hash_and_lookup_finds_it(db: Database) -> None:
     keys = KeyService(db, clock=ManualClock())
     plaintext, record = await keys.create("team-a", models=["m1"], rpm=60, budget=5.0)

@@ -68,11 +68,6 @@ class FlakyDatabase(Database):
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
 async def db(tmp_path: Path, clock: ManualClock) -> AsyncIterator[FlakyDatabase]:
     database = FlakyDatabase(tmp_path / "spend.db")
     database.clock = clock

@@ -17,7 +17,7 @@ from ballast.upstream.client import Upstream
 from ballast.upstream.http1 import split_url
 from ballast.upstream.proxy import NoProxy, parse_proxy, policy_for
 from tests.connect_proxy import ConnectProxy
-from tests.tls_upstream import OkServer, Pki, make_pki
+from tests.tls_upstream import OkServer, Pki
 
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
 
@@ -27,11 +27,6 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.upper(), raising=False)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 class Loopback:

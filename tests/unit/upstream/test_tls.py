@@ -13,12 +13,7 @@ import pytest
 from ballast.config import ConfigError, Deployment, Timeouts, UpstreamSettings, parse_settings
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
-from tests.tls_upstream import OkServer, Pki, make_pki
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
+from tests.tls_upstream import OkServer, Pki
 
 
 @pytest.fixture
