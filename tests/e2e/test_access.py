@@ -16,7 +16,7 @@ import pytest
 from tests.stack import Gateway, Stack, deployment, group, sqlite_state
 
 MASTER = "sk-master-for-tests-0123456789"
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 
 
 def admin(gw: Gateway, method: str, path: str, body: Any = None) -> tuple[int, Any]:

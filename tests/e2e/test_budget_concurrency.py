@@ -51,7 +51,7 @@ def ask(url: str, key: str, max_tokens: int) -> int:
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             response.read()
-            return response.status
+            return response.status  # type: ignore[no-any-return]
     except urllib.error.HTTPError as error:
         code = json.loads(error.read())["error"]["code"]
         assert error.code != 429 or code == "insufficient_quota", code

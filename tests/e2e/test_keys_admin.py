@@ -15,7 +15,7 @@ import pytest
 from tests.e2e.test_access import MASTER, admin, client, new_key
 from tests.stack import Gateway, Stack, deployment, group, sqlite_state
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 ANSWER = 5  # tokens an answer has; only output is priced, $1 a token
 
 

@@ -72,7 +72,7 @@ def _ask(url: str, key: str) -> int:
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             response.read()
-            return response.status
+            return response.status  # type: ignore[no-any-return]
     except urllib.error.HTTPError as error:
         assert error.code == 429, error.read()
         return error.code

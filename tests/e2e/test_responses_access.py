@@ -56,7 +56,7 @@ def test_tokens_and_cost_are_recorded(gateway: Gateway, model: str, stream: bool
         with client.responses.stream(model=model, input="hello there") as events:
             response = events.get_final_response()
     else:
-        response = client.responses.create(model=model, input="hello there")
+        response = client.responses.create(model=model, input="hello there")  # type: ignore[assignment]
     usage = response.usage
     assert usage is not None and usage.output_tokens == 16 and usage.input_tokens >= 2
     expected = usage.input_tokens * INPUT + usage.output_tokens * OUTPUT

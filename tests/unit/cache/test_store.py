@@ -52,6 +52,6 @@ def test_lru_bounds_hold_whatever_happens(ops: list[tuple[str, int, bool]]) -> N
                 got = await store.get(name)
                 assert got is None or got == model.get(name)
             assert store.size <= 100 and len(store) <= 4
-            assert store.size == sum(len(v) for v in store._entries.values() for v in [v[1]])
+            assert store.size == sum(len(entry[1]) for entry in store._entries.values())
 
     asyncio.run(run())

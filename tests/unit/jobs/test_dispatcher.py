@@ -202,7 +202,7 @@ async def test_a_hung_half_open_trial_frees_its_lease_after_probe_timeout(
     assert len(rig.remote.calls("run")) == 3
     await rig.run_for(60, step=10)
     assert (await rig.job(held.id)).status == "succeeded"
-    assert breaker.state is BreakerState.CLOSED
+    assert breaker.state is BreakerState.CLOSED  # type: ignore[comparison-overlap]
     assert (await rig.job(trial.id)).status == "queued"  # no answer yet, not judged lost
 
 

@@ -116,7 +116,7 @@ class JobsMachine(RuleBasedStateMachine):
             self.jobs_settings,
             self.store,
             self.clock,
-            backends={"gpu": self.remote},  # type: ignore[dict-item]
+            backends={"gpu": self.remote},
             owner=f"instance-{self.generation}",
         )
 

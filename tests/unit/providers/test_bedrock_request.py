@@ -7,9 +7,9 @@ import base64
 import copy
 from typing import Any
 
-import botocore.session
+import botocore.session  # type: ignore[import-untyped]
 import pytest
-from botocore.validate import ParamValidator
+from botocore.validate import ParamValidator  # type: ignore[import-untyped]
 
 from ballast.providers.bedrock_request import converse_body
 from ballast.resilience import failures

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials, RefreshableCredentials
+from botocore.auth import SigV4Auth  # type: ignore[import-untyped]
+from botocore.awsrequest import AWSRequest  # type: ignore[import-untyped]
+from botocore.credentials import Credentials, RefreshableCredentials  # type: ignore[import-untyped]
 
 from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.providers.base import AdapterContext

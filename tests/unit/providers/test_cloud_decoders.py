@@ -4,6 +4,8 @@ are the client's), as the Decoder contract says."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +22,7 @@ FAST = settings(max_examples=100, deadline=None, suppress_health_check=list(Heal
 
 
 def _gemini_stream(pieces: list[str], error: bool = False) -> bytes:
-    chunks = [{"candidates": [{"content": {"parts": [{"text": p}]}}]} for p in pieces]
+    chunks: list[Any] = [{"candidates": [{"content": {"parts": [{"text": p}]}}]} for p in pieces]
     if error:
         chunks.append({"error": {"code": 503, "status": "UNAVAILABLE", "message": "busy"}})
     else:

@@ -656,7 +656,7 @@ def test_an_early_probe_closes_a_recovered_breaker_before_its_open_time() -> Non
     assert early is not None
     assert breaker.early_probe() is None  # one at a time
     breaker.record_success(early)
-    assert breaker.state is BreakerState.CLOSED
+    assert breaker.state is BreakerState.CLOSED  # type: ignore[comparison-overlap]
 
 
 def test_a_failed_early_probe_keeps_it_open_without_growth_and_waits_an_interval() -> None:

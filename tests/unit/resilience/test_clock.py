@@ -8,6 +8,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -101,7 +102,7 @@ async def until(condition: Callable[[], object]) -> None:
 
 
 async def fails_only_after(
-    clock: ManualClock, task: asyncio.Future[object], bound: float
+    clock: ManualClock, task: asyncio.Future[Any], bound: float
 ) -> BaseException:
     """`task` is still waiting just short of `bound` seconds of clock time, and has failed
     once the clock passes it; its exception."""

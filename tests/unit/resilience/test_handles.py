@@ -154,7 +154,7 @@ class HandleCacheMachine(RuleBasedStateMachine):
         self.cache = make(self.clock, self.actor, margin=30.0)
         self.held: list[Handle] = []
 
-    def run(self, coro):  # type: ignore[no-untyped-def]
+    def run(self, coro):
         return self.loop.run_until_complete(coro)
 
     @rule(n=st.integers(1, 8))

@@ -30,7 +30,7 @@ Served = tuple[ManualClock, int]
 async def served() -> AsyncIterator[Served]:
     clock = ManualClock()
     protocol = type("Protocol", (GuardedHttpToolsProtocol,), {})
-    protocol.configure(60.0, 8192, clock)  # on the subclass: the shared class stays as it is
+    protocol.configure(60.0, 8192, clock)  # type: ignore[attr-defined]  # on the subclass: the shared class stays as it is
     config = Config(app, lifespan="off", log_level="warning", access_log=False)
     config.load()
     state = ServerState()
@@ -108,7 +108,7 @@ async def test_a_client_that_stops_reading_is_cut_after_the_write_timeout() -> N
         seen["timed_out"] = scope.get(WRITE_TIMED_OUT)
 
     protocol = type("Protocol", (GuardedHttpToolsProtocol,), {})
-    protocol.configure(60.0, 8192, clock, client_write_timeout=30.0)
+    protocol.configure(60.0, 8192, clock, client_write_timeout=30.0)  # type: ignore[attr-defined]
     config = Config(endless, lifespan="off", log_level="warning", access_log=False)
     config.load()
     state = ServerState()

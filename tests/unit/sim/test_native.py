@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
-import boto3
+import boto3  # type: ignore[import-untyped]
 import pytest
-from botocore.config import Config
-from botocore.eventstream import ChecksumMismatch
-from botocore.exceptions import ClientError
+from botocore.config import Config  # type: ignore[import-untyped]
+from botocore.eventstream import ChecksumMismatch  # type: ignore[import-untyped]
+from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 from botocore.exceptions import EventStreamError as BotoEventStreamError
 from google import genai
 from google.genai import errors as genai_errors
@@ -138,7 +138,7 @@ async def test_genai_reads_a_vertex_url_stream(sim: SimServer) -> None:
         vertexai=True,
         project="p1",
         location="us-central1",
-        credentials=OAuthCredentials(token="vx-token"),  # type: ignore[no-untyped-call]
+        credentials=OAuthCredentials(token="vx-token"),
         http_options=types.HttpOptions(base_url=sim.url, timeout=5000),
     )
     stream = await client.aio.models.generate_content_stream(model=MODEL, contents="hi")

@@ -4,6 +4,7 @@ an answer priced by the deployment's configured model before the reported one.""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,7 +101,9 @@ async def test_unpriced_deployments_are_named_at_start_up_when_a_budget_is_set(
         {"prompt_tokens": 1000, "completion_tokens": 10, "cache_read_input_tokens": 800},
     ],
 )
-def test_prompt_tokens_served_from_the_cache_cost_the_cached_input_price(usage: dict) -> None:
+def test_prompt_tokens_served_from_the_cache_cost_the_cached_input_price(
+    usage: dict[str, Any],
+) -> None:
     prices = {"m": ModelPrice(input=2.0, output=8.0, cached_input=0.5)}
     cached = cached_tokens(usage)
     assert cached == 800

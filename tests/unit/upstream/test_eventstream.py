@@ -8,9 +8,10 @@ from __future__ import annotations
 import struct
 import uuid
 import zlib
+from collections.abc import Mapping
 
 import pytest
-from botocore.eventstream import EventStreamBuffer
+from botocore.eventstream import EventStreamBuffer  # type: ignore[import-untyped]
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,7 +40,7 @@ def _header(name: str, value: HeaderValue | tuple[str, int]) -> bytes:
     return raw + b"\x07" + struct.pack(">H", len(data)) + data
 
 
-def frame(headers: dict[str, HeaderValue | tuple[str, int]], payload: bytes) -> bytes:
+def frame(headers: Mapping[str, HeaderValue | tuple[str, int]], payload: bytes) -> bytes:
     head = b"".join(_header(k, v) for k, v in headers.items())
     total = 12 + len(head) + len(payload) + 4
     prelude = struct.pack(">II", total, len(head))

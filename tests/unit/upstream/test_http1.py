@@ -96,7 +96,7 @@ def head(target: bytes = b"/v1/x", body: bytes = b"{}") -> bytes:
     return b"POST " + target + b" HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body)
 
 
-async def test_keep_alive_reuses_one_connection(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_keep_alive_reuses_one_connection(serve) -> None:
     server, origin = await serve(answer(OK))
     p = pool()
     for _ in range(3):
@@ -111,7 +111,7 @@ async def test_keep_alive_reuses_one_connection(serve) -> None:  # type: ignore[
     await p.close()
 
 
-async def test_chunked_and_close_delimited_bodies(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_chunked_and_close_delimited_bodies(serve) -> None:
     chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
     chunked += b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
     _, origin = await serve(answer(chunked))
@@ -134,7 +134,7 @@ async def test_chunked_and_close_delimited_bodies(serve) -> None:  # type: ignor
     await p.close()
 
 
-async def test_cut_mid_body_is_disconnected_and_not_reused(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_cut_mid_body_is_disconnected_and_not_reused(serve) -> None:
     _, origin = await serve(
         answer(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789", keep=False)
     )
@@ -147,7 +147,7 @@ async def test_cut_mid_body_is_disconnected_and_not_reused(serve) -> None:  # ty
     await p.close()
 
 
-async def test_close_before_answer_and_garbage(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_close_before_answer_and_garbage(serve) -> None:
     _, silent = await serve(answer(b"", keep=False))
     _, garbage = await serve(answer(b"SMTP ready\r\n\r\n", keep=False))
     p = pool()
@@ -168,7 +168,7 @@ async def test_refused_connection_is_connect_failed() -> None:
     await p.close()
 
 
-async def test_informational_answer_is_skipped(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_informational_answer_is_skipped(serve) -> None:
     _, origin = await serve(answer(b"HTTP/1.1 100 Continue\r\n\r\n" + OK))
     p = pool()
     response = await p.request(origin, head(), b"{}")
@@ -178,7 +178,7 @@ async def test_informational_answer_is_skipped(serve) -> None:  # type: ignore[n
     await p.close()
 
 
-async def test_gzip_body_is_decoded(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_gzip_body_is_decoded(serve) -> None:
     packed = gzip.compress(b'{"big":"' + b"x" * 5000 + b'"}')
     raw = b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n" % len(packed)
     _, origin = await serve(answer(raw + packed))
@@ -193,7 +193,7 @@ async def test_gzip_body_is_decoded(serve) -> None:  # type: ignore[no-untyped-d
     await p.close()
 
 
-async def test_gzip_bomb_inflates_in_bounded_steps_and_ends_at_its_limit(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_gzip_bomb_inflates_in_bounded_steps_and_ends_at_its_limit(serve) -> None:
     bomb = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     zeros = bytes(1 << 20)
     packed = b"".join([*(bomb.compress(zeros) for _ in range(64)), bomb.flush()])  # 64 MB
@@ -215,7 +215,7 @@ async def test_gzip_bomb_inflates_in_bounded_steps_and_ends_at_its_limit(serve) 
     await p.close()
 
 
-async def test_pool_bound_waits_then_times_out(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_pool_bound_waits_then_times_out(serve) -> None:
     server, origin = await serve(answer(OK))
     p = pool(limit=1, pool_timeout=0.2)
     held = await p.request(origin, head(), b"{}")
@@ -233,7 +233,7 @@ async def test_pool_bound_waits_then_times_out(serve) -> None:  # type: ignore[n
     await p.close()
 
 
-async def test_a_full_pool_makes_room_from_another_origins_idle(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_a_full_pool_makes_room_from_another_origins_idle(serve) -> None:
     _, one = await serve(answer(OK))
     _, two = await serve(answer(OK))
     p = pool(limit=1, pool_timeout=0.2)
@@ -247,7 +247,7 @@ async def test_a_full_pool_makes_room_from_another_origins_idle(serve) -> None: 
     await p.close()
 
 
-async def test_cancelled_request_drops_its_connection(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_cancelled_request_drops_its_connection(serve) -> None:
     async def never(_r: asyncio.StreamReader, _w: asyncio.StreamWriter, _q: bytes) -> bool:
         await asyncio.sleep(30)
         return False
@@ -263,7 +263,7 @@ async def test_cancelled_request_drops_its_connection(serve) -> None:  # type: i
     await p.close()
 
 
-async def test_idle_connection_closed_by_upstream_is_not_reused(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_idle_connection_closed_by_upstream_is_not_reused(serve) -> None:
     server, origin = await serve(answer(OK))
     p = pool()
     response = await p.request(origin, head(), b"{}")
@@ -279,7 +279,7 @@ async def test_idle_connection_closed_by_upstream_is_not_reused(serve) -> None: 
     await p.close()
 
 
-async def test_expired_idle_connection_is_replaced(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_expired_idle_connection_is_replaced(serve) -> None:
     server, origin = await serve(answer(OK))
     p = pool()
     response = await p.request(origin, head(), b"{}")
@@ -296,7 +296,7 @@ async def test_expired_idle_connection_is_replaced(serve) -> None:  # type: igno
     await p.close()
 
 
-async def test_unread_body_pauses_the_socket(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_unread_body_pauses_the_socket(serve) -> None:
     size = 4 * 1024 * 1024
     body = bytes(range(256)) * (size // 256)
     _, origin = await serve(answer(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + body))
@@ -311,7 +311,7 @@ async def test_unread_body_pauses_the_socket(serve) -> None:  # type: ignore[no-
     await p.close()
 
 
-async def test_unsolicited_bytes_drop_the_idle_connection(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_unsolicited_bytes_drop_the_idle_connection(serve) -> None:
     _, origin = await serve(answer(OK + b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"))
     p = pool()
     response = await p.request(origin, head(), b"{}")
@@ -339,7 +339,7 @@ def late_end(delay: float) -> Handler:
     return handler
 
 
-async def test_a_stream_released_at_done_keeps_its_connection(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_a_stream_released_at_done_keeps_its_connection(serve) -> None:
     server, origin = await serve(late_end(0.05))
     p = pool()
     for _ in range(2):
@@ -357,7 +357,7 @@ async def test_a_stream_released_at_done_keeps_its_connection(serve) -> None:  #
     await p.close()
 
 
-async def test_a_released_answer_that_never_ends_is_dropped(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_a_released_answer_that_never_ends_is_dropped(serve) -> None:
     _, origin = await serve(late_end(30))
     p = Pool(limit=1, keepalive=60.0, connect_timeout=2.0, pool_timeout=2.0, drain_timeout=0.05)
     response = await p.request(origin, head(), b"{}")
@@ -371,7 +371,7 @@ async def test_a_released_answer_that_never_ends_is_dropped(serve) -> None:  # t
     await p.close()
 
 
-async def test_endless_header_block_is_cut_off(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_endless_header_block_is_cut_off(serve) -> None:
     async def endless(_r: asyncio.StreamReader, writer: asyncio.StreamWriter, _q: bytes) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\n")
         for i in range(10_000):
@@ -387,7 +387,7 @@ async def test_endless_header_block_is_cut_off(serve) -> None:  # type: ignore[n
     await p.close()
 
 
-async def test_a_header_block_too_large_is_refused_even_when_it_arrives_whole(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_a_header_block_too_large_is_refused_even_when_it_arrives_whole(serve) -> None:
     block = b"".join(b"x-filler-%d: %s\r\n" % (i, b"a" * 100) for i in range(400))  # 44 KB
     raw = b"HTTP/1.1 200 OK\r\n" + block + b"content-length: 2\r\n\r\n{}"
     _, origin = await serve(answer(raw))
@@ -432,7 +432,7 @@ def certificate(tmp_path: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-async def test_tls(serve, certificate: tuple[Path, Path]) -> None:  # type: ignore[no-untyped-def]
+async def test_tls(serve, certificate: tuple[Path, Path]) -> None:
     cert, key = certificate
     server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_side.load_cert_chain(cert, key)
@@ -461,7 +461,7 @@ def test_config_refuses_headers_that_would_break_a_request() -> None:
             Deployment(id="a", url="http://127.0.0.1:1/v1", headers=headers)
 
 
-async def test_a_full_pool_is_busy_not_failing(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_a_full_pool_is_busy_not_failing(serve) -> None:
     """The deployment's bulkhead being full says nothing about its health: the router fails
     over without counting it against the deployment's breaker."""
     from ballast.config import Deployment, Timeouts, UpstreamSettings

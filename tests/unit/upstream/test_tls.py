@@ -88,7 +88,7 @@ async def test_verify_false_accepts_any_certificate_and_says_so(
 
 def test_an_unreadable_tls_file_is_a_config_error_naming_the_field(tmp_path: Path) -> None:
     missing = tmp_path / "nope.pem"
-    data = {
+    data: dict[str, Any] = {
         "models": [
             {
                 "name": "m",

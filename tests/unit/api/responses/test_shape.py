@@ -35,7 +35,7 @@ def test_the_actor_cannot_be_native_and_a_typo_is_refused() -> None:
     with pytest.raises(pydantic.ValidationError):
         Deployment(id="d", url="http://x/v1", provider="actor", responses="native")
     with pytest.raises(pydantic.ValidationError):
-        Deployment(id="d", url="http://x/v1", responses="nativ")  # type: ignore[arg-type]
+        Deployment(id="d", url="http://x/v1", responses="nativ")
 
 
 def test_a_request_is_native_only_when_every_deployment_that_may_answer_is() -> None:
