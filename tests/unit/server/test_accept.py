@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
+from typing import ClassVar
 
 import uvloop
 
@@ -16,9 +17,11 @@ BURST = 200
 
 class Counted(asyncio.Protocol):
     made = 0
+    transports: ClassVar[list[asyncio.BaseTransport]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         Counted.made += 1
+        Counted.transports.append(transport)
 
 
 def turns_to_accept(loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> int:
@@ -41,6 +44,12 @@ def turns_to_accept(loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> in
                 await asyncio.sleep(0)  # one turn
                 turns += 1
             server.close()
+            # The accepted connections are the test's to close, before the loop closes.
+            for transport in Counted.transports:
+                transport.close()
+            Counted.transports.clear()
+            await server.wait_closed()
+            await asyncio.sleep(0)
             return turns
 
         return loop.run_until_complete(measure())
