@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
+from botocore.auth import SigV4Auth  # type: ignore[import-untyped]
+from botocore.awsrequest import AWSRequest  # type: ignore[import-untyped]
+from botocore.credentials import Credentials  # type: ignore[import-untyped]
 
 from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.providers.base import Adapter, AdapterContext

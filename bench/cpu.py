@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,7 @@ async def measure(
 
         status = 0
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

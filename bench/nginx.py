@@ -94,7 +94,7 @@ def _event(kind: str, **data: Any) -> str:
 def messages_stream_body() -> str:
     """The fixed answer as Anthropic's event stream."""
     start = {"id": "msg_bench_stream", "type": "message", "role": "assistant"}
-    start |= {"model": "bench-stream", "content": [], "usage": {"input_tokens": 9}}
+    start |= {"model": "bench-stream", "content": [], "usage": {"input_tokens": 9}}  # type: ignore[dict-item]
     events = [_event("message_start", message=start)]
     events.append(_event("content_block_start", index=0, content_block={"type": "text"}))
     events.append(_event("ping"))

@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
 
+from ballast.sim.server import SimServer
 from tests.stack import Stack
 
 # Hypothesis would keep its example database in `.hypothesis/` of the working tree.
@@ -28,3 +30,15 @@ def stack() -> Iterator[Stack]:
         yield running
     finally:
         running.close()
+
+
+def sim_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """What the `sim` marker of a test asks of its simulator: `sim(default=..., name=...)`."""
+    marker = request.node.get_closest_marker("sim")
+    return dict(marker.kwargs) if marker else {}
+
+
+@pytest.fixture
+def sim(stack: Stack, request: pytest.FixtureRequest) -> SimServer:
+    """A simulator on the test's stack, as its `sim` marker asks (default "ok")."""
+    return stack.sim(**sim_options(request))

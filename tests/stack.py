@@ -137,6 +137,15 @@ class Stack:
             self.thread.stop()
 
 
+def sqlite_state(folder: Path, **settings: Any) -> dict[str, Any]:
+    """A gateway's `state` section keeping its SQLite database and spend journal in `folder`."""
+    return {
+        "database_url": f"sqlite:///{folder / 'ballast.db'}",
+        "spend_journal": str(folder / "spend.journal"),
+        **settings,
+    }
+
+
 def group(name: str, *deployments: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"name": name, "deployments": list(deployments), **extra}
 

@@ -13,10 +13,10 @@ from typing import Any
 import openai
 import pytest
 
-from tests.stack import Gateway, Stack, deployment, group
+from tests.stack import Gateway, Stack, deployment, group, sqlite_state
 
 MASTER = "sk-master-for-tests-0123456789"
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 
 
 def admin(gw: Gateway, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -39,11 +39,7 @@ def gateway(stack: Stack, tmp_path: Path) -> Gateway:
     return stack.gateway(
         {
             "server": {"master_key": MASTER},
-            "state": {
-                "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-                "spend_journal": str(tmp_path / "spend.journal"),
-                "spend_flush_interval": 0.1,
-            },
+            "state": sqlite_state(tmp_path, spend_flush_interval=0.1),
             "prices": {"sim-chat": {"input": 1_000_000, "output": 1_000_000}},  # $1 per token
             "models": [
                 group("chat", deployment("a", sim, model="sim-chat")),

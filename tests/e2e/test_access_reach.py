@@ -16,23 +16,15 @@ import pytest
 
 from ballast.sim.server import SimServer
 from tests.e2e.test_access import MASTER, admin, client, new_key
-from tests.stack import Gateway, Stack, deployment, group
+from tests.stack import Gateway, Stack, deployment, group, sqlite_state
 
-MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture
-def sim(stack: Stack) -> SimServer:
-    return stack.sim()
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 
 
 def _config(sim: SimServer, tmp_path: Path, master: bool = True) -> dict[str, Any]:
     return {
         "server": {"master_key": MASTER} if master else {},
-        "state": {
-            "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-            "spend_journal": str(tmp_path / "spend.journal"),
-        },
+        "state": sqlite_state(tmp_path),
         "models": [
             group("cheap", deployment("c", sim, model="sim-cheap")),
             group("expensive", deployment("e", sim, model="sim-expensive")),
@@ -65,7 +57,7 @@ def test_request_fallback_outside_the_keys_models_is_never_served(
             model="cheap", messages=MESSAGES, stream=stream, extra_body={"fallbacks": ["expensive"]}
         )
         if stream:
-            list(reply)  # type: ignore[arg-type]
+            list(reply)
     assert "may not use" in info.value.message and "expensive" in info.value.message
     assert "sim-expensive" not in _upstream_models(stack, sim)
     # The same request from a key that may use both is answered by the fallback.
@@ -74,7 +66,7 @@ def test_request_fallback_outside_the_keys_models_is_never_served(
         model="cheap", messages=MESSAGES, stream=stream, extra_body={"fallbacks": ["expensive"]}
     )
     if stream:
-        assert list(reply)  # type: ignore[arg-type]
+        assert list(reply)
     assert "sim-expensive" in _upstream_models(stack, sim)
 
 

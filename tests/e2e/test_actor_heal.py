@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import openai
 import pytest
@@ -15,7 +16,7 @@ from tests.stack import Stack, group
 
 CONTROL = "control-secret-for-tests"
 JWT_SECRET = "jwt-secret-for-tests-0123456789abcdef"
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 ANSWER = "".join(f"tok{i} " for i in range(16))
 
 
@@ -27,7 +28,7 @@ def start(stack: Stack, backend: SimServer, port: int = 0, **options: float) -> 
             control_secret=CONTROL,
             jwt_secret=JWT_SECRET,
             shutdown_timeout=0.2,
-            **options,
+            **options,  # type: ignore[arg-type]
         )
     )
     return actor

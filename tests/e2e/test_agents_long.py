@@ -23,7 +23,7 @@ def timed_raw_stream(gateway: Gateway, model: str) -> tuple[int, list[tuple[floa
     """(status, [(seconds since the request, bytes)]) for one streamed request, read as the
     bytes arrive, so the keep-alive comments' timing shows."""
     parts = urlsplit(gateway.url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=THINKING + 30)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=THINKING + 30)  # type: ignore[arg-type]
     body = json.dumps({"model": model, "messages": MESSAGES, "stream": True})
     started = time.monotonic()
     conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})

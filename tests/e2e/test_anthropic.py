@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.e2e.test_routing import FAST, full
-from tests.stack import Gateway, Stack, deployment, group
+from tests.stack import Gateway, Stack, deployment, group, sqlite_state
 
 MASTER = "sk-master-test"
 MESSAGES: list[Any] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
@@ -199,11 +199,7 @@ def test_spend_is_priced_by_the_model_that_answered(stack: Stack, tmp_path: Path
             "timeouts": FAST,
             "routing": {"rate_limit_cooldown": 0.3},
             "server": {"master_key": MASTER},
-            "state": {
-                "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-                "spend_journal": str(tmp_path / "spend.journal"),
-                "spend_flush_interval": 0.1,
-            },
+            "state": sqlite_state(tmp_path, spend_flush_interval=0.1),
             # $1 a token on OpenAI, $3 on Anthropic: the total says who answered.
             "prices": {
                 "gpt-sim": {"input": 1_000_000, "output": 1_000_000},

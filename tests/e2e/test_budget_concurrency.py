@@ -21,11 +21,14 @@ import yaml
 from ballast.sim.server import SimServer
 from tests.e2e.test_access import MASTER, new_key
 from tests.e2e.test_workers import workers
-from tests.stack import Gateway, Stack, deployment, free_port, group, serve, wait_for
+from tests.stack import Gateway, Stack, deployment, free_port, group, serve, sqlite_state, wait_for
 
 # Only output is priced, $1 a token: a request with max_tokens N reserves exactly $N.
 PRICES = {"sim-chat": {"input": 0.0, "output": 1_000_000.0}}
 ANSWER_TOKENS = 5
+# The simulator of the budget tests: answers of ANSWER_TOKENS tokens, 0.3 s each.
+SLOW_SIM = pytest.mark.sim(default=f"ok?tokens={ANSWER_TOKENS}&latency=0.3")
+pytestmark = SLOW_SIM
 
 
 def config(sim: SimServer, state: dict[str, Any]) -> dict[str, Any]:
@@ -48,7 +51,7 @@ def ask(url: str, key: str, max_tokens: int) -> int:
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             response.read()
-            return response.status
+            return response.status  # type: ignore[no-any-return]
     except urllib.error.HTTPError as error:
         code = json.loads(error.read())["error"]["code"]
         assert error.code != 429 or code == "insufficient_quota", code
@@ -95,23 +98,10 @@ def check_three_answers(
     assert 3 * ANSWER_TOKENS <= spend <= 3 * ANSWER_TOKENS + ANSWER_TOKENS
 
 
-@pytest.fixture
-def sim(stack: Stack) -> SimServer:
-    return stack.sim(f"ok?tokens={ANSWER_TOKENS}&latency=0.3")
-
-
-def sqlite_state(tmp_path: Path) -> dict[str, Any]:
-    return {
-        "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-        "spend_journal": str(tmp_path / "spend.journal"),
-        "spend_flush_interval": 0.1,
-    }
-
-
 def test_fifty_at_once_on_a_three_answer_budget_get_three_answers(
     stack: Stack, sim: SimServer, tmp_path: Path
 ) -> None:
-    gateway = stack.gateway(config(sim, sqlite_state(tmp_path)))
+    gateway = stack.gateway(config(sim, sqlite_state(tmp_path, spend_flush_interval=0.1)))
     key, key_id = new_key(gateway, budget=3.0 * ANSWER_TOKENS, budget_period="total")
     check_three_answers(stack, sim, [gateway.url], key, key_id)
 
@@ -119,7 +109,7 @@ def test_fifty_at_once_on_a_three_answer_budget_get_three_answers(
 def test_a_budget_with_room_left_is_not_refused_for_what_requests_gave_back(
     stack: Stack, sim: SimServer, tmp_path: Path
 ) -> None:
-    gateway: Gateway = stack.gateway(config(sim, sqlite_state(tmp_path)))
+    gateway: Gateway = stack.gateway(config(sim, sqlite_state(tmp_path, spend_flush_interval=0.1)))
     # Each request reserves 10 and costs 5: the rest comes back when it is answered.
     key, _ = new_key(gateway, budget=20.0, budget_period="total")
     statuses = [ask(gateway.url, key, 2 * ANSWER_TOKENS) for _ in range(4)]
@@ -134,7 +124,7 @@ def test_a_budget_with_room_left_is_not_refused_for_what_requests_gave_back(
 
 def test_two_workers_share_one_budget(stack: Stack, sim: SimServer, tmp_path: Path) -> None:
     path = tmp_path / "ballast.yaml"
-    path.write_text(yaml.safe_dump(config(sim, sqlite_state(tmp_path))))
+    path.write_text(yaml.safe_dump(config(sim, sqlite_state(tmp_path, spend_flush_interval=0.1))))
     port = free_port()
     process = serve(path, port, workers=2, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"

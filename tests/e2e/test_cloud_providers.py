@@ -95,9 +95,9 @@ def _chat_both_ways(client: openai.OpenAI) -> None:
     assert reply.choices[0].message.content == full_text(4)
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage is not None and reply.usage.completion_tokens == 4
-    stream = client.chat.completions.create(
+    stream = client.chat.completions.create(  # type: ignore[call-overload]
         model="chat",
-        messages=user,  # type: ignore[arg-type]
+        messages=user,
         stream=True,
         stream_options={"include_usage": True},
     )
@@ -117,17 +117,17 @@ def _tool_round_trip(stack: Stack, sim: SimServer, client: openai.OpenAI, model:
     reply = client.chat.completions.create(model="chat", messages=messages, tools=[TOOL])  # type: ignore[list-item]
     message = reply.choices[0].message
     assert reply.choices[0].finish_reason == "tool_calls"
-    assert message.tool_calls and message.tool_calls[0].function.name == "lookup"
-    assert json.loads(message.tool_calls[0].function.arguments) == {"q": full_text(2)}
+    assert message.tool_calls and message.tool_calls[0].function.name == "lookup"  # type: ignore[union-attr]
+    assert json.loads(message.tool_calls[0].function.arguments) == {"q": full_text(2)}  # type: ignore[union-attr]
     stream = client.chat.completions.create(
         model="chat",
         messages=messages,
-        tools=[TOOL],
-        stream=True,  # type: ignore[list-item]
+        tools=[TOOL],  # type: ignore[list-item]
+        stream=True,
     )
     arguments = ""
     for chunk in stream:
-        for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+        for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:  # type: ignore[union-attr]
             arguments += (call.function.arguments or "") if call.function else ""
     assert json.loads(arguments) == {"q": full_text(2)}
     stack.set_behaviour(sim, "ok?tokens=3", model)
@@ -173,8 +173,8 @@ def test_a_bad_crc_is_a_clear_error_and_fails_over(stack: Stack, aws_env: None) 
     with pytest.raises(openai.APIError) as caught:
         for _chunk in _client(gateway.url).chat.completions.create(
             model="chat",
-            messages=user,
-            stream=True,  # type: ignore[arg-type]
+            messages=user,  # type: ignore[arg-type]
+            stream=True,
         ):
             pass
     assert "CRC" in str(caught.value)
@@ -184,10 +184,10 @@ def test_a_bad_crc_is_a_clear_error_and_fails_over(stack: Stack, aws_env: None) 
     for _ in range(3):
         stream = _client(gateway.url).chat.completions.create(
             model="chat",
-            messages=user,
-            stream=True,  # type: ignore[arg-type]
+            messages=user,  # type: ignore[arg-type]
+            stream=True,
         )
-        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == (
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == (  # type: ignore[union-attr]
             full_text(3)
         )
 
@@ -210,7 +210,7 @@ def test_failover_from_a_429ing_openai_deployment_to_bedrock(stack: Stack, aws_e
         user = [{"role": "user", "content": f"question {index}"}]
         if index % 2:
             stream = client.chat.completions.create(model="chat", messages=user, stream=True)  # type: ignore[arg-type]
-            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)  # type: ignore[union-attr]
         else:
             reply = client.chat.completions.create(model="chat", messages=user)  # type: ignore[arg-type]
             text = reply.choices[0].message.content or ""
@@ -274,7 +274,7 @@ def test_cloud_urls_follow_from_region_and_location() -> None:
         {"id": "own", "provider": "bedrock", "model": "m", "url": "http://127.0.0.1:9",
          "aws": {"region": "eu-west-1"}},
     ]  # fmt: skip
-    settings = parse_settings({"models": [group("chat", *deployments)]})
+    settings = parse_settings({"models": [group("chat", *deployments)]})  # type: ignore[arg-type]
     assert [d.url for d in settings.models[0].deployments] == [
         "https://bedrock-runtime.eu-west-1.amazonaws.com",
         "https://europe-west4-aiplatform.googleapis.com",

@@ -21,7 +21,7 @@ import yaml
 
 from ballast.server.serving import balances_reuse_port
 from tests.e2e.test_workers import connections_per_worker, workers
-from tests.stack import Gateway, Stack, deployment, free_port, group, serve, wait_for
+from tests.stack import Gateway, Stack, deployment, free_port, group, serve, sqlite_state, wait_for
 
 MASTER = "sk-master-fleet-0123456789"
 BODY = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}]})
@@ -72,10 +72,7 @@ def _config(path: Path, stack_sims: tuple[Any, Any], tmp_path: Path, **extra: An
         yaml.safe_dump(
             {
                 "server": {"master_key": MASTER},
-                "state": {
-                    "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-                    "spend_journal": str(tmp_path / "spend.journal"),
-                },
+                "state": sqlite_state(tmp_path),
                 "models": [
                     group("chat", deployment("a", sim_a), deployment("b", sim_b)),
                     *extra.get("more", []),

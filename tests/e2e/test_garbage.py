@@ -24,7 +24,7 @@ import pytest
 # _aws_credentials: the conformance suite's autouse fixture (Bedrock signs with them)
 from tests.e2e.test_provider_conformance import PROVIDERS, _aws_credentials  # noqa: F401
 from tests.e2e.test_routing import MESSAGES, config, ordered
-from tests.stack import Stack, deployment, wait_for
+from tests.stack import Stack, deployment, sqlite_state, wait_for
 
 MASTER = "sk-master-for-garbage-tests-0123"
 MINE = ("ballast.", "uvicorn.")
@@ -127,10 +127,7 @@ def test_keys_limits_cache_continuation_and_errors_leave_no_cycles(
             ordered("cached", deployment("b", sim, "sim-chat"), cache={"ttl": 60}),
             ordered("cut", deployment("cut", cut, "sim-chat"), deployment("ok", sim, "sim-chat")),
             server={"master_key": MASTER},
-            state={
-                "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-                "spend_journal": str(tmp_path / "spend.journal"),
-            },
+            state=sqlite_state(tmp_path),
             prices={"sim-chat": {"input": 1.0, "output": 1.0}},
         )
     )

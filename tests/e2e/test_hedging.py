@@ -4,12 +4,13 @@ second one; the first to produce a token wins and the loser is cancelled."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import openai
 
 from tests.stack import Stack, deployment, group
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 
 
 def test_slow_first_token_is_hedged_on_another_deployment(stack: Stack) -> None:

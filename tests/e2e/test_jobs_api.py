@@ -15,7 +15,7 @@ import pytest
 
 from ballast.sim.jobs import SIM_JOBS, JobsSim
 from ballast.sim.server import SimServer
-from tests.stack import Gateway, Stack, deployment, group
+from tests.stack import Gateway, Stack, deployment, group, sqlite_state
 
 MASTER = "sk-master-for-jobs-tests-0123456789"
 
@@ -56,10 +56,7 @@ def start(stack: Stack, tmp_path: Path, **backend: Any) -> tuple[Gateway, SimSer
     gateway = stack.gateway(
         {
             "server": {"master_key": MASTER},
-            "state": {
-                "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-                "spend_journal": str(tmp_path / "spend.journal"),
-            },
+            "state": sqlite_state(tmp_path),
             "jobs": {"backends": {"gpu": options}, "claim_interval": 0.05},
             "models": [group("chat", deployment("a", sim))],
         }

@@ -22,7 +22,7 @@ KEEPALIVE = {"stream_keepalive": 0.3}
 def raw_stream(gateway: Gateway) -> tuple[int, float, bytes]:
     """(status, seconds until the status line, the whole body) of one streamed request."""
     parts = urlsplit(gateway.url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=15)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=15)  # type: ignore[arg-type]
     body = json.dumps({"model": "chat", "messages": MESSAGES, "stream": True})
     started = time.monotonic()
     conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})

@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from tests.e2e.test_access import MASTER, admin, client, new_key
-from tests.stack import Gateway, Stack, deployment, group
+from tests.stack import Gateway, Stack, deployment, group, sqlite_state
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 ANSWER = 5  # tokens an answer has; only output is priced, $1 a token
 
 
@@ -25,11 +25,7 @@ def gateway(stack: Stack, tmp_path: Path) -> Gateway:
     return stack.gateway(
         {
             "server": {"master_key": MASTER},
-            "state": {
-                "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-                "spend_journal": str(tmp_path / "spend.journal"),
-                "spend_flush_interval": 0.1,
-            },
+            "state": sqlite_state(tmp_path, spend_flush_interval=0.1),
             "prices": {"sim-chat": {"input": 0.0, "output": 1_000_000.0}},
             "models": [
                 group("chat", deployment("a", sim, model="sim-chat")),

@@ -20,7 +20,7 @@ from ballast.server.serving import balances_reuse_port
 from tests.e2e.test_access import MASTER
 from tests.e2e.test_budget_concurrency import admin_at
 from tests.e2e.test_workers import workers
-from tests.stack import Stack, deployment, free_port, group, serve, wait_for
+from tests.stack import Stack, deployment, free_port, group, serve, sqlite_state, wait_for
 
 pytestmark = pytest.mark.skipif(not balances_reuse_port(), reason="needs Linux SO_REUSEPORT")
 
@@ -32,10 +32,7 @@ def gateway(stack: Stack, tmp_path: Path, request: pytest.FixtureRequest) -> Ite
     sim = stack.sim("ok?tokens=2&latency=1.0")
     config = {
         "server": {"master_key": MASTER},
-        "state": {
-            "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-            "spend_journal": str(tmp_path / "spend.journal"),
-        },
+        "state": sqlite_state(tmp_path),
         "models": [group("chat", deployment("a", sim))],
     }
     path = tmp_path / "ballast.yaml"
@@ -75,7 +72,7 @@ def _ask(url: str, key: str) -> int:
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             response.read()
-            return response.status
+            return response.status  # type: ignore[no-any-return]
     except urllib.error.HTTPError as error:
         assert error.code == 429, error.read()
         return error.code

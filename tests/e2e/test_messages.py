@@ -14,7 +14,8 @@ from typing import Any
 import anthropic
 import pytest
 
-from tests.stack import Gateway, SimServer, Stack, deployment, group, wait_for
+from ballast.sim.server import SimServer
+from tests.stack import Gateway, Stack, deployment, group, sqlite_state, wait_for
 
 HI: list[Any] = [{"role": "user", "content": "hello there"}]
 TOOLS: list[Any] = [
@@ -34,11 +35,6 @@ def full(tokens: int) -> str:
 
 def client(gateway: Gateway, key: str = "sk-client") -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0, timeout=20)
-
-
-@pytest.fixture
-def sim(stack: Stack) -> SimServer:
-    return stack.sim()
 
 
 @pytest.fixture
@@ -149,7 +145,7 @@ def test_a_tool_use_round_trip(
         # The arguments came as several input_json_delta pieces, put back together.
         assert len(deltas) >= 3 and all(d.delta.type == "input_json_delta" for d in deltas)
     else:
-        reply = api.messages.create(
+        reply = api.messages.create(  # type: ignore[assignment]
             model="claude", max_tokens=50, messages=question, tools=TOOLS,
             tool_choice={"type": "tool", "name": "lookup"},
         )  # fmt: skip
@@ -165,7 +161,7 @@ def test_a_tool_use_round_trip(
         tools=TOOLS,
         messages=[
             *question,
-            {"role": "assistant", "content": [c.model_dump() for c in reply.content]},
+            {"role": "assistant", "content": [c.model_dump() for c in reply.content]},  # type: ignore[list-item,misc]
             {
                 "role": "user",
                 "content": [
@@ -191,7 +187,7 @@ def test_reasoning_comes_as_a_thinking_block(
         with api.messages.stream(model="claude", max_tokens=50, messages=HI) as stream:
             reply = stream.get_final_message()
     else:
-        reply = api.messages.create(model="claude", max_tokens=50, messages=HI)
+        reply = api.messages.create(model="claude", max_tokens=50, messages=HI)  # type: ignore[assignment]
     assert reply.content[0].type == "thinking"
     assert reply.content[0].thinking == full(4)
 
@@ -212,7 +208,7 @@ def test_image_blocks_base64_and_url(gateway: Gateway, streamed: bool) -> None:
         with api.messages.stream(model="claude", max_tokens=6, messages=messages) as stream:
             reply = stream.get_final_message()
     else:
-        reply = api.messages.create(model="claude", max_tokens=6, messages=messages)
+        reply = api.messages.create(model="claude", max_tokens=6, messages=messages)  # type: ignore[assignment]
     assert reply.content[0].type == "text" and reply.content[0].text == full(6)
     assert reply.usage.input_tokens == 2  # the text part; the images went as image_url parts
 
@@ -241,7 +237,7 @@ def test_bad_input_is_a_400_invalid_request_error_naming_the_field(gateway: Gate
     assert body["error"]["message"].startswith("max_tokens:")
     bad_image = [{"role": "user", "content": [{"type": "image", "source": {"type": "file"}}]}]
     with pytest.raises(anthropic.BadRequestError) as info:
-        client(gateway).messages.create(model="claude", max_tokens=5, messages=bad_image)
+        client(gateway).messages.create(model="claude", max_tokens=5, messages=bad_image)  # type: ignore[arg-type]
     assert "messages.0.content.0.source.type" in info.value.message
     with pytest.raises(anthropic.NotFoundError):
         client(gateway).messages.create(model="nope", max_tokens=5, messages=HI)
@@ -280,11 +276,7 @@ def keyed(stack: Stack, sim: SimServer, tmp_path: Path) -> Gateway:
     return stack.gateway(
         {
             "server": {"master_key": MASTER},
-            "state": {
-                "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-                "spend_journal": str(tmp_path / "spend.journal"),
-                "spend_flush_interval": 0.1,
-            },
+            "state": sqlite_state(tmp_path, spend_flush_interval=0.1),
             "prices": {"sim-chat": {"input": 1_000_000, "output": 1_000_000}},  # $1 per token
             "models": [
                 group("claude", deployment("a", sim, model="sim-chat")),

@@ -9,17 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.test_access import MASTER, admin, client, new_key
-from tests.stack import Stack, deployment, group
+from tests.stack import Stack, deployment, group, sqlite_state
 
 
 def _config(sim: Any, tmp_path: Path) -> dict[str, Any]:
     return {
         "server": {"master_key": MASTER},
-        "state": {
-            "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-            "spend_journal": str(tmp_path / "spend.journal"),
-            "spend_flush_interval": 0.1,
-        },
+        "state": sqlite_state(tmp_path, spend_flush_interval=0.1),
         "prices": {"echo": {"input": 1_000_000.0, "output": 1_000_000.0}},
         "models": [
             # The simulator answers as the model it was asked for: a dated name.

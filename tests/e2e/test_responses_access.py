@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.e2e.test_access import MASTER, admin, new_key
-from tests.stack import Gateway, Stack, deployment, group
+from tests.stack import Gateway, Stack, deployment, group, sqlite_state
 
 INPUT, OUTPUT = 1.0, 1000.0  # dollars per token: the spend tells the two counts apart
 
@@ -23,11 +23,7 @@ def gateway(stack: Stack, tmp_path: Path) -> Gateway:
     return stack.gateway(
         {
             "server": {"master_key": MASTER},
-            "state": {
-                "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-                "spend_journal": str(tmp_path / "spend.journal"),
-                "spend_flush_interval": 0.1,
-            },
+            "state": sqlite_state(tmp_path, spend_flush_interval=0.1),
             "prices": {"sim-chat": per_million},
             "models": [
                 group("bridge", deployment("b", sim, model="sim-chat")),
@@ -60,7 +56,7 @@ def test_tokens_and_cost_are_recorded(gateway: Gateway, model: str, stream: bool
         with client.responses.stream(model=model, input="hello there") as events:
             response = events.get_final_response()
     else:
-        response = client.responses.create(model=model, input="hello there")
+        response = client.responses.create(model=model, input="hello there")  # type: ignore[assignment]
     usage = response.usage
     assert usage is not None and usage.output_tokens == 16 and usage.input_tokens >= 2
     expected = usage.input_tokens * INPUT + usage.output_tokens * OUTPUT

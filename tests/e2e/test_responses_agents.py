@@ -62,7 +62,7 @@ def test_langchain_invokes_and_streams(stack: Stack, way: str) -> None:
     llm = ChatOpenAI(
         model="chat",
         base_url=gateway_url(stack, way),
-        api_key="sk-client",  # type: ignore[arg-type]
+        api_key="sk-client",
         use_responses_api=True,
         max_retries=0,
     )

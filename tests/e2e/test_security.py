@@ -25,8 +25,7 @@ from ballast.api import admin as admin_module
 from ballast.config import parse_settings
 from ballast.pipeline import access as access_module
 from tests.e2e.test_routing import MESSAGES
-from tests.e2e.test_shutdown import free_port
-from tests.stack import Stack, deployment, group
+from tests.stack import Stack, deployment, free_port, group
 
 MASTER = "sk-master-security"
 
@@ -157,13 +156,13 @@ def test_every_admin_route_needs_the_master_key(stack: Stack) -> None:
 
 def test_secrets_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[bytes, bytes]] = []
-    real = access_module.hmac.compare_digest
+    real = access_module.hmac.compare_digest  # type: ignore[attr-defined]
 
     def spy(a: Any, b: Any) -> bool:
         calls.append((a, b))
-        return real(a, b)
+        return real(a, b)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(access_module.hmac, "compare_digest", spy)
+    monkeypatch.setattr(access_module.hmac, "compare_digest", spy)  # type: ignore[attr-defined]
     settings = parse_settings(
         {
             "server": {"master_key": MASTER},

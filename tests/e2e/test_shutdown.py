@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.stack import Stack, free_port
+from tests.stack import Stack, free_port, sqlite_state
 
 MASTER = "sk-master-for-shutdown-tests"
 FLUSH = 0.5
@@ -44,11 +44,7 @@ def start_gateway(
     port = free_port()
     config = {
         "server": {"master_key": MASTER},
-        "state": {
-            "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-            "spend_journal": str(tmp_path / "spend.journal"),
-            "spend_flush_interval": FLUSH,
-        },
+        "state": sqlite_state(tmp_path, spend_flush_interval=FLUSH),
         "prices": {"sim-chat": {"input": 1_000_000, "output": 1_000_000}},  # $1 a token
         "models": [
             {

@@ -62,12 +62,12 @@ def test_tools_whole_and_streamed(client: anthropic.Anthropic) -> None:
 def test_errors_are_anthropic_errors(client: anthropic.Anthropic) -> None:
     ask = {"model": "claude-sim", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
     with pytest.raises(anthropic.RateLimitError):
-        client.messages.create(**ask, extra_headers={"x-sim-behaviour": "429?retry_after=1"})  # type: ignore[arg-type]
+        client.messages.create(**ask, extra_headers={"x-sim-behaviour": "429?retry_after=1"})  # type: ignore[call-overload]
     with pytest.raises(anthropic.InternalServerError) as overloaded:
-        client.messages.create(**ask, extra_headers={"x-sim-behaviour": "503"})  # type: ignore[arg-type]
+        client.messages.create(**ask, extra_headers={"x-sim-behaviour": "503"})  # type: ignore[call-overload]
     assert overloaded.value.status_code == 529
     with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
-        client.messages.create(**ask, extra_headers={"x-sim-behaviour": "context_length"})  # type: ignore[arg-type]
+        client.messages.create(**ask, extra_headers={"x-sim-behaviour": "context_length"})  # type: ignore[call-overload]
 
 
 def test_a_prefill_is_continued(client: anthropic.Anthropic) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -15,7 +16,7 @@ sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
 export = pytest.importorskip("opentelemetry.sdk.trace.export")
 in_memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")

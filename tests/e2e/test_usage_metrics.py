@@ -18,7 +18,7 @@ import pytest
 from ballast.observe.logs import JsonFormatter
 from tests.e2e.test_access import MASTER, new_key
 from tests.e2e.test_observe import scrape, value
-from tests.stack import Gateway, Stack, deployment, group, wait_for
+from tests.stack import Gateway, Stack, deployment, group, sqlite_state, wait_for
 
 MESSAGES: list[Any] = [{"role": "user", "content": "how much does this cost"}]
 PRICE_IN, PRICE_OUT = 3.0, 15.0  # dollars per million tokens
@@ -30,11 +30,7 @@ def gateway(stack: Stack, tmp_path: Path) -> Gateway:
     return stack.gateway(
         {
             "server": {"master_key": MASTER},
-            "state": {
-                "database_url": f"sqlite:///{tmp_path / 'ballast.db'}",
-                "spend_journal": str(tmp_path / "spend.journal"),
-                "spend_flush_interval": 0.1,
-            },
+            "state": sqlite_state(tmp_path, spend_flush_interval=0.1),
             "prices": {"sim-chat": {"input": PRICE_IN, "output": PRICE_OUT}},
             "models": [
                 group("chat", deployment("a", sim, model="sim-chat")),

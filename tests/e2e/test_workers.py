@@ -43,7 +43,7 @@ def _children(parent: int) -> list[int]:
 
 
 def _sockets(pid: int) -> set[str]:
-    found = set()
+    found: set[str] = set()
     try:
         fds = list(Path(f"/proc/{pid}/fd").iterdir())
     except FileNotFoundError:  # gone

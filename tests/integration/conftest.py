@@ -5,8 +5,11 @@ so a CI job that forgot to start them cannot pass by skipping everything."""
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 
 import pytest
+
+from ballast.state.db import Database
 
 
 def _service_url(variable: str) -> str:
@@ -27,3 +30,12 @@ def redis_url() -> str:
 @pytest.fixture(scope="session")
 def database_url() -> str:
     return _service_url("BALLAST_TEST_DATABASE_URL")
+
+
+@pytest.fixture
+async def database(database_url: str) -> AsyncIterator[Database]:
+    """The PostgreSQL database, upgraded to the current schema."""
+    db = Database(database_url)
+    await db.upgrade()
+    yield db
+    await db.close()

@@ -16,15 +16,10 @@ from ballast.state.budget_ledger import Ledger, RedisLedger, SqlLedger
 from ballast.state.db import Database
 from ballast.state.store import RedisStore
 from tests.e2e.test_access import new_key
-from tests.e2e.test_budget_concurrency import ANSWER_TOKENS, check_three_answers, config
+from tests.e2e.test_budget_concurrency import ANSWER_TOKENS, SLOW_SIM, check_three_answers, config
 from tests.stack import Stack
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def sim(stack: Stack) -> SimServer:
-    return stack.sim(f"ok?tokens={ANSWER_TOKENS}&latency=0.3")
+pytestmark = [pytest.mark.integration, SLOW_SIM]
 
 
 def test_two_instances_on_redis_and_postgres_share_one_budget(

@@ -142,7 +142,7 @@ def test_second_identical_request_is_a_byte_identical_fast_hit(
     assert len(keys) == 2
     client = redis.Redis.from_url(redis_url)
     stored = [client.get(k) for k in keys]
-    assert first in [zlib.decompress(v) for v in stored if v is not None]
+    assert first in [zlib.decompress(v) for v in stored if v is not None]  # type: ignore[arg-type]
     assert all(0 < client.pttl(k) <= 60_000 for k in keys)
     # A group without a cache section is untouched: no lookups, no header.
     plain = post(gw, {**body, "model": "plain"})
@@ -270,6 +270,7 @@ def test_blackholed_redis_makes_every_lookup_a_quick_miss_and_hits_resume(
     assert {s for s, _, _, _ in during} == {200}  # zero errors
     assert {h["x-ballast-cache"] for _, h, _, _ in during} == {"miss"}
     store = gw.app.state.store
+    assert store is not None
     assert store.breaker.state.value == "open"
     opened_by = proxy.accepted
     after_open = [t for _, _, _, t in during[5:]]
@@ -311,7 +312,7 @@ def test_keys_never_see_each_others_entries_and_never_appear_in_cache_keys(
         assert all(secret.encode() not in k for k in keys)
         for k in keys:
             value = client.get(k)
-            assert value is not None and secret.encode() not in zlib.decompress(value)
+            assert value is not None and secret.encode() not in zlib.decompress(value)  # type: ignore[arg-type]
     # An unauthenticated request never reaches the cache.
     assert post(gw, body)[0] == 401
 

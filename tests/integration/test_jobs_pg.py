@@ -64,14 +64,6 @@ def jobs_settings(sim: SimServer, backend: str, **extra: Any) -> JobsSettings:
 
 
 @pytest.fixture
-async def database(database_url: str) -> AsyncIterator[Database]:
-    db = Database(database_url)
-    await db.upgrade()
-    yield db
-    await db.close()
-
-
-@pytest.fixture
 async def sim() -> AsyncIterator[SimServer]:
     server = await start_sim()
     yield server

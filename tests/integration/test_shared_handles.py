@@ -8,6 +8,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -19,7 +20,7 @@ from tests.stack import Stack, group
 pytestmark = pytest.mark.integration
 
 CONTROL = "control-secret-for-tests"
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 ANSWER = "".join(f"tok{i} " for i in range(16))
 
 

@@ -98,6 +98,7 @@ def test_redis_fault_under_load_costs_no_errors_and_no_stampede(
     assert {status for status, _, _ in healthy} == {200}
     baseline = statistics.quantiles([t for _, t, _ in healthy], n=100)[98]
     store = gw.app.state.store
+    assert store is not None
     db_queries = gw.app.state.keys.db_queries
     calls_before = store.calls
 

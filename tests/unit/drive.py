@@ -4,6 +4,7 @@ is given and then waits (until it leaves), and an app started on a ManualClock."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,8 @@ class Client:
         await self._gone.wait()
         return {"type": "http.disconnect"}
 
-    async def send(self, message: dict[str, Any]) -> None:
-        self.sent.append(message)
+    async def send(self, message: MutableMapping[str, Any]) -> None:
+        self.sent.append(dict(message))
 
     def leave(self) -> None:
         self._gone.set()

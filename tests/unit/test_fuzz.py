@@ -5,7 +5,7 @@ exception escaping. Bounded: the whole file runs in well under 30 s."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -164,8 +164,8 @@ async def _call(
         await asyncio.sleep(3600)  # the client is still there, sending nothing
         return {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
 
     await asyncio.wait_for(app(scope, receive, send), 5)  # never a hang
     return sent
@@ -227,7 +227,7 @@ def test_the_app_rejects_non_json_content_types_with_415(running: tuple[Any, Bal
         )
         assert sent[0]["status"] == 415
         assert orjson.loads(sent[1]["body"])["error"]["code"] == "unsupported_media_type"
-    for kind in (b"application/json; charset=utf-8", b"application/vnd.api+json", None):
+    for kind in (b"application/json; charset=utf-8", b"application/vnd.api+json", None):  # type: ignore[assignment]
         headers = [(b"content-type", kind)] if kind else []
         sent = loop.run_until_complete(
             _call(app, "POST", "/v1/chat/completions", headers, [b'{"model":"none"}'])

@@ -1,0 +1,65 @@
+"""A chat answer as a Message: content blocks, stop reasons and usage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ballast.api.messages.answer import message_body, usage_of
+
+
+def answer(message: dict[str, Any], finish: str = "stop", **extra: Any) -> dict[str, Any]:
+    choice = {"index": 0, "message": message, "finish_reason": finish, **extra}
+    return {
+        "id": "chatcmpl-1",
+        "model": "up",
+        "choices": [choice],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3},
+    }
+
+
+def test_an_answer_with_reasoning_text_and_tool_calls() -> None:
+    message = {
+        "content": "hi",
+        "reasoning_content": "think",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+            {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{broken"}},
+        ],
+    }
+    body = message_body(answer(message, "tool_calls"), "claude", None)
+    assert body["id"] == "msg_1" and body["model"] == "up"
+    assert body["content"] == [
+        {"type": "thinking", "thinking": "think", "signature": ""},
+        {"type": "text", "text": "hi"},
+        {"type": "tool_use", "id": "c1", "name": "f", "input": {"a": 1}},
+        {"type": "tool_use", "id": "c2", "name": "g", "input": {"_arguments": "{broken"}},
+    ]
+    assert body["stop_reason"] == "tool_use"
+    assert body["usage"] == {"input_tokens": 7, "output_tokens": 3}
+
+
+@pytest.mark.parametrize(
+    ("finish", "extra", "expected"),
+    [
+        ("stop", {}, ("end_turn", None)),
+        ("length", {}, ("max_tokens", None)),
+        ("content_filter", {}, ("refusal", None)),
+        ("stop", {"stop_reason": "END"}, ("stop_sequence", "END")),  # vLLM names the match
+        ("stop", {"stop_reason": 2}, ("end_turn", None)),  # an EOS token id
+    ],
+)
+def test_stop_reasons(finish: str, extra: dict[str, Any], expected: tuple[str, Any]) -> None:
+    body = message_body(answer({"content": "x"}, finish, **extra), "claude", ["END"])
+    assert (body["stop_reason"], body["stop_sequence"]) == expected
+
+
+def test_cached_prompt_tokens_are_counted_apart() -> None:
+    usage = {
+        "prompt_tokens": 10,
+        "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
+    assert usage_of(usage) == {"input_tokens": 6, "output_tokens": 2, "cache_read_input_tokens": 4}
+    assert usage_of(None, 5) == {"input_tokens": 5, "output_tokens": 0}

@@ -1,0 +1,141 @@
+"""The guarded uvicorn protocol times a request's headers on the clock it is configured with:
+over a real loopback socket, a client that sends half its headers gets 408 and is
+disconnected when a ManualClock passes `header_timeout`, and not before."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from ballast.resilience.clock import ManualClock
+from ballast.server.protocol import GuardedHttpToolsProtocol
+from ballast.types import WRITE_TIMED_OUT, Receive, Scope, Send
+
+
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    headers = [(b"content-length", b"2")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+Served = tuple[ManualClock, int]
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    clock = ManualClock()
+    protocol = type("Protocol", (GuardedHttpToolsProtocol,), {})
+    protocol.configure(60.0, 8192, clock)  # type: ignore[attr-defined]  # on the subclass: the shared class stays as it is
+    config = Config(app, lifespan="off", log_level="warning", access_log=False)
+    config.load()
+    state = ServerState()
+    server = await asyncio.get_running_loop().create_server(
+        lambda: protocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
+    )
+    try:
+        yield clock, server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+async def turns(n: int = 20) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_headers_that_never_end_get_408_when_the_clock_passes_the_timeout(
+    served: Served,
+) -> None:
+    clock, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n")
+        await writer.drain()
+        await turns()
+        clock.advance(59.9)
+        with pytest.raises(TimeoutError):  # nothing arrives before the timeout
+            await asyncio.wait_for(reader.read(1), 0.02)
+        clock.advance(0.2)
+        answer = await asyncio.wait_for(reader.read(), 5)  # all of it, up to the close
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+        assert b'"code":"request_timeout"' in answer
+    finally:
+        writer.close()
+
+
+async def test_a_request_whose_headers_arrive_in_time_is_served(served: Served) -> None:
+    clock, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n")
+        await writer.drain()
+        await turns()
+        clock.advance(59.9)
+        writer.write(b"\r\n")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert await reader.readexactly(2) == b"ok"
+        clock.advance(100.0)  # between requests of a kept-alive connection: no 408
+        writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200 ")
+    finally:
+        writer.close()
+
+
+async def test_a_client_that_stops_reading_is_cut_after_the_write_timeout() -> None:
+    """The app streams without end; the client reads nothing. Its writes pause once the
+    socket is full, and when they stay paused for `client_write_timeout` on the manual clock
+    the connection is aborted: the app sees a disconnect, and the scope says why."""
+    clock = ManualClock()
+    seen: dict[str, object] = {}
+
+    async def endless(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        piece = b"x" * 65536
+        for sent in range(1, 100_000):  # bounded: far more than the socket ever takes
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+            seen["sent"] = sent
+            if scope.get(WRITE_TIMED_OUT):
+                break  # aborted: uvicorn's send returns at once now
+        seen["timed_out"] = scope.get(WRITE_TIMED_OUT)
+
+    protocol = type("Protocol", (GuardedHttpToolsProtocol,), {})
+    protocol.configure(60.0, 8192, clock, client_write_timeout=30.0)  # type: ignore[attr-defined]
+    config = Config(endless, lifespan="off", log_level="warning", access_log=False)
+    config.load()
+    state = ServerState()
+    server = await asyncio.get_running_loop().create_server(
+        lambda: protocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
+    )
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, server.sockets[0].getsockname())
+        await asyncio.get_running_loop().sock_sendall(sock, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        for _ in range(100):  # until the writes pause: nothing more is sent
+            before = seen.get("sent")
+            await asyncio.sleep(0.02)
+            if before is not None and seen.get("sent") == before:
+                break
+        assert "timed_out" not in seen
+        clock.advance(29.0)
+        await turns()
+        assert "timed_out" not in seen  # paused, not yet cut
+        clock.advance(2.0)
+        for _ in range(100):
+            if "timed_out" in seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen["timed_out"] is True
+    finally:
+        sock.close()
+        server.close()
