@@ -47,7 +47,7 @@ def breakers(s: Settings) -> tuple[BreakerConfig, BreakerConfig, BreakerConfig]:
 
 
 def test_the_same_keys_give_the_same_breaker_in_every_section() -> None:
-    keys = {
+    keys: dict[str, Any] = {
         "failure_threshold": 4,
         "failure_rate": 0.25,
         "min_calls": 8,
