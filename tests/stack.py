@@ -38,6 +38,8 @@ class LoopThread:
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 class Gateway:

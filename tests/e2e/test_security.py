@@ -236,6 +236,7 @@ def test_serve_speaks_tls_with_a_certificate(stack: Stack, tmp_path: Path) -> No
     path = tmp_path / "ballast.yaml"
     path.write_text(yaml.safe_dump(config))
     port = free_port()
+    log = (tmp_path / "log").open("wb")  # the child keeps its own descriptor
     process = subprocess.Popen(
         [
             sys.executable,
@@ -252,9 +253,10 @@ def test_serve_speaks_tls_with_a_certificate(stack: Stack, tmp_path: Path) -> No
             str(key),
         ],
         stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "log").open("wb"),
+        stderr=log,
         env={**os.environ},
     )
+    log.close()
     context = ssl.create_default_context(cafile=str(cert))
     try:
         deadline = time.monotonic() + 20

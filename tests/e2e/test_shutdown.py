@@ -55,6 +55,7 @@ def start_gateway(
     }
     path = tmp_path / "ballast.yaml"
     path.write_text(yaml.safe_dump(config))
+    log = (tmp_path / "gateway.log").open("wb")  # the child keeps its own descriptor
     process = subprocess.Popen(
         [
             sys.executable,
@@ -68,9 +69,10 @@ def start_gateway(
             *(extra_args or []),
         ],
         stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "gateway.log").open("wb"),
+        stderr=log,
         env={**os.environ},
     )
+    log.close()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60  # generous: the suite shares two cores
     while time.monotonic() < deadline and process.poll() is None:

@@ -5,6 +5,7 @@ the database."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -44,14 +45,17 @@ def test_two_instances_on_redis_and_postgres_share_one_budget(
 
 
 async def _lapses(ledger: Ledger, clock: ManualClock, key_id: str) -> None:
-    assert await ledger.grant(key_id, "total", 10.0, 10.0, "dead-1", 60.0) == 10.0
-    assert await ledger.grant(key_id, "total", 10.0, 1.0, "live-1", 60.0) is None
-    clock.advance(61.0)  # the instance holding "dead-1" never came back
-    assert await ledger.grant(key_id, "total", 10.0, 4.0, "live-2", 60.0) is not None
-    await ledger.settle(key_id, "total", "live-2", 3.0)  # spent 3 of what it held
-    granted = await ledger.grant(key_id, "total", 10.0, 7.0, "live-3", 60.0)
+    # Grant ids unique to this run: the database may keep an earlier run's rows.
+    run = uuid.uuid4().hex[:8]
+    dead, live = f"dead-{run}", [f"live-{run}-{i}" for i in range(4)]
+    assert await ledger.grant(key_id, "total", 10.0, 10.0, dead, 60.0) == 10.0
+    assert await ledger.grant(key_id, "total", 10.0, 1.0, live[0], 60.0) is None
+    clock.advance(61.0)  # the instance holding the dead grant never came back
+    assert await ledger.grant(key_id, "total", 10.0, 4.0, live[1], 60.0) is not None
+    await ledger.settle(key_id, "total", live[1], 3.0)  # spent 3 of what it held
+    granted = await ledger.grant(key_id, "total", 10.0, 7.0, live[2], 60.0)
     assert granted == pytest.approx(7.0)
-    assert await ledger.grant(key_id, "total", 10.0, 0.5, "live-4", 60.0) is None
+    assert await ledger.grant(key_id, "total", 10.0, 0.5, live[3], 60.0) is None
 
 
 async def test_a_dead_instances_grant_lapses_in_postgres(database_url: str) -> None:
