@@ -83,8 +83,8 @@ def start_gateway(
         except OSError:
             time.sleep(0.1)
     process.kill()
-    log = (tmp_path / "gateway.log").read_text(errors="replace")[-2000:]
-    raise AssertionError(f"the gateway did not start:\n{log}")
+    tail = (tmp_path / "gateway.log").read_text(errors="replace")[-2000:]
+    raise AssertionError(f"the gateway did not start:\n{tail}")
 
 
 def run_load(url: str, key: str, stop: threading.Event) -> list[tuple[float, int]]:
