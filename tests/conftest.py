@@ -42,20 +42,3 @@ def sim_options(request: pytest.FixtureRequest) -> dict[str, Any]:
 def sim(stack: Stack, request: pytest.FixtureRequest) -> SimServer:
     """A simulator on the test's stack, as its `sim` marker asks (default "ok")."""
     return stack.sim(**sim_options(request))
-
-
-# The end-to-end and integration tests leave some HTTP clients (SDK clients, load loops) to
-# the collector, which closes their sockets with a ResourceWarning in whichever test it runs
-# during. Until every such client is closed by the test that made it, that one warning is
-# shown rather than raised, in those two folders only; everything else is an error.
-UNCLOSED_SOCKET = pytest.mark.filterwarnings(
-    "default:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning",
-    "default:unclosed <socket.socket:ResourceWarning",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        path = str(item.path)
-        if "/e2e/" in path or "/integration/" in path:
-            item.add_marker(UNCLOSED_SOCKET)
