@@ -18,9 +18,10 @@ from ballast.resilience.failures import Failure
 from ballast.routing.attempt import Attempt
 from ballast.routing.attempt_loop import AttemptLoop, Attempts, Exchange, Routable, first_success
 from ballast.routing.targets import Target
+from ballast.upstream.answer import Reply, fetch
 from ballast.upstream.client import Route
 from ballast.upstream.collect import collect
-from ballast.upstream.exchange import Reply, UpstreamStream, fetch, open_stream
+from ballast.upstream.exchange import UpstreamStream, open_stream
 
 T = TypeVar("T")
 

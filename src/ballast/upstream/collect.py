@@ -10,8 +10,9 @@ import orjson
 from ballast.resilience import failures
 from ballast.resilience.clock import Clock
 from ballast.resilience.failures import Failure
+from ballast.upstream.answer import Reply, answer_head, reply_of, too_large
 from ballast.upstream.client import Route, Upstream
-from ballast.upstream.exchange import Reply, UpstreamStream, answer_head, reply_of, too_large
+from ballast.upstream.exchange import UpstreamStream
 from ballast.upstream.http1 import HttpError, Response, TooLarge
 from ballast.upstream.provider_wire import Wire
 

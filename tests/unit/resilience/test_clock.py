@@ -17,8 +17,9 @@ from ballast.resilience import failures
 from ballast.resilience.clock import SYSTEM_CLOCK, ManualClock
 from ballast.resilience.failures import Failure
 from ballast.state.resp import PipelinedRedis
+from ballast.upstream.answer import fetch
 from ballast.upstream.client import Upstream
-from ballast.upstream.exchange import fetch, open_stream
+from ballast.upstream.exchange import open_stream
 from ballast.upstream.http1 import Pool, split_url
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
