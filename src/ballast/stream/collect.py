@@ -10,9 +10,10 @@ import orjson
 from ballast.resilience import failures
 from ballast.resilience.clock import Clock
 from ballast.resilience.failures import Failure
+from ballast.stream.event import StreamEvent
+from ballast.stream.exchange import UpstreamStream
 from ballast.upstream.answer import Reply, answer_head, reply_of, too_large
 from ballast.upstream.client import Route, Upstream
-from ballast.upstream.exchange import UpstreamStream
 from ballast.upstream.http1 import HttpError, Response, TooLarge
 from ballast.upstream.provider_wire import Wire
 
@@ -22,7 +23,7 @@ async def collect(
     path: str,
     body: bytes,
     clock: Clock,
-    assemble: Callable[[list[bytes]], bytes | None],
+    assemble: Callable[[list[StreamEvent]], bytes | None],
     request_id: str | None = None,
     route: Route | None = None,
     until: float = math.inf,
@@ -66,7 +67,7 @@ async def collect(
         None if wire is None else wire.decoder(upstream.max_event_bytes),
     )
     stream.until = until
-    events: list[bytes] = []
+    events: list[StreamEvent] = []
     size, limit = 0, upstream.answer_limit(path)
     try:
         state = stream.state
@@ -75,7 +76,7 @@ async def collect(
         while not stream.exhausted:
             more = await stream.next_events()
             events.extend(more)
-            size += sum(map(len, more))
+            size += sum([len(e.raw) for e in more])
             if size > limit:
                 events.clear()
                 raise too_large(upstream, path)
