@@ -52,23 +52,7 @@ def assemble(path: str, events: list[StreamEvent], usage: Any = None) -> bytes |
         if isinstance(chunk.get("usage"), dict):
             usage = chunk["usage"]
         for raw in chunk.get("choices") or ():
-            if not isinstance(raw, dict) or raw.get("logprobs") is not None:
-                return None
-            index = raw.get("index", 0)
-            if not isinstance(index, int):
-                return None
-            choice = choices.setdefault(index, _Choice())
-            if raw.get("finish_reason"):
-                choice.finish = raw["finish_reason"]
-            if not chat:
-                text = raw.get("text")
-                if isinstance(text, str):
-                    choice.content.append(text)
-                continue
-            delta = raw.get("delta")
-            if not isinstance(delta, dict):
-                continue
-            if not _merge_delta(choice, delta):
+            if not _merge_choice(choices, raw, chat):
                 return None
     if not done or head is None or not choices:
         return None
@@ -89,6 +73,25 @@ def assemble(path: str, events: list[StreamEvent], usage: Any = None) -> bytes |
     if isinstance(usage, dict):
         body["usage"] = usage
     return orjson.dumps(body)
+
+
+def _merge_choice(choices: dict[int, _Choice], raw: Any, chat: bool) -> bool:
+    """One chunk's choice added to what its index said before; False for one not understood."""
+    if not isinstance(raw, dict) or raw.get("logprobs") is not None:
+        return False
+    index = raw.get("index", 0)
+    if not isinstance(index, int):
+        return False
+    choice = choices.setdefault(index, _Choice())
+    if raw.get("finish_reason"):
+        choice.finish = raw["finish_reason"]
+    if not chat:
+        text = raw.get("text")
+        if isinstance(text, str):
+            choice.content.append(text)
+        return True
+    delta = raw.get("delta")
+    return not isinstance(delta, dict) or _merge_delta(choice, delta)
 
 
 def _final_response(events: list[StreamEvent]) -> bytes | None:
