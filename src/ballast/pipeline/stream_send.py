@@ -10,7 +10,8 @@ chunks here too, from the upstream connection's callback."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Generator
+from typing import TYPE_CHECKING, Any
 
 from ballast.pipeline.errors import ApiError
 from ballast.pipeline.shape import Rendering, StreamTranslator
@@ -19,6 +20,19 @@ from ballast.types import Message, Send
 
 if TYPE_CHECKING:
     from ballast.pipeline.caching import StreamRecorder
+
+
+class _Nothing:
+    """An awaitable that is done at once."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+
+_NOTHING = _Nothing()
 
 
 class StreamSend:
@@ -53,18 +67,24 @@ class StreamSend:
             return raw(events)
         return translator.feed(events) if events else b""
 
-    async def events(self, events: list[StreamEvent], more: bool) -> None:
+    def events(self, events: list[StreamEvent], more: bool) -> Awaitable[None]:
         """Sends the events; the last piece (`more` False) ends the shape's stream, and the
-        recorder keeps the whole answer before those bytes go out."""
+        recorder keeps the whole answer before those bytes go out. (No coroutine of its own
+        but for that last piece: it runs once per piece.)"""
         body = self.encode(events)
-        if not more:
-            if self.translator is not None:
-                body += self.translator.finish()
-            if self.recorder is not None:
-                await self.recorder.store()
-        elif not body:
-            return  # nothing to say yet (an event the shape has no counterpart for)
-        await self._send({"type": "http.response.body", "body": body, "more_body": more})
+        if more:
+            if not body:
+                return _NOTHING  # nothing to say yet (an event the shape has no counterpart for)
+            return self._send({"type": "http.response.body", "body": body, "more_body": True})
+        if self.translator is not None:
+            body += self.translator.finish()
+        if self.recorder is not None:
+            return self._last(self.recorder, body)
+        return self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _last(self, recorder: StreamRecorder, body: bytes) -> None:
+        await recorder.store()
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def fail(self, error: ApiError) -> None:
         """Ends a started stream with `error`, in the client's shape."""

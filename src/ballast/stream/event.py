@@ -29,7 +29,10 @@ _UNREAD: Final = object()
 
 
 def parse(data: bytes) -> Any:
-    """The one place a stream event's data is parsed: its JSON, or NOT_JSON."""
+    """The one place a stream event's data is parsed: its JSON, or NOT_JSON. `[DONE]`, in
+    every chat stream, is known before a parse would raise on it."""
+    if len(data) < 16 and data.strip() == b"[DONE]":
+        return NOT_JSON
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
