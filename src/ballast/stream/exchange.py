@@ -226,33 +226,27 @@ class UpstreamStream:
 
     def _take(self, event: bytes) -> StreamEvent | None:
         """One event, typed and read by the stream's state (the one parse of its data); None
-        for an event that must not reach the client (a comment, a malformed chunk). Runs for
-        every event of every stream: the usual one-line `data: {...}` is parsed at once, and
-        only what that parse refuses takes the careful path, line by line."""
-        state = self.state
-        taken = None
-        if event.startswith(b"data:"):
+        for an event that must not reach the client (a comment, a malformed chunk)."""
+        if event.startswith(b"data:") and b"\n" not in event and not event.endswith(b"]"):
+            # The usual event (a JSON object: `[DONE]` ends in a bracket), parsed at once.
             data = event[5:]  # JSON may keep its leading space
-            if len(data) < 16 and data.strip() == b"[DONE]":
-                state.done = True
-                return StreamEvent(event + b"\n\n", data, None, NOT_JSON)
             try:
                 payload = orjson.loads(data)
             except orjson.JSONDecodeError:
-                pass  # several lines, or not JSON: read below
-            else:
-                taken = StreamEvent(event + b"\n\n", data, None, payload)
-        if taken is None:
+                payload = NOT_JSON
+            taken = StreamEvent(event + b"\n\n", data, None, payload)
+        else:
             taken = read(event)
             payload = taken.json
-            if payload is NOT_JSON:
-                if taken.data is None:
-                    return None
-                if taken.done:
-                    state.done = True
-                    return taken
-                state.malformed += 1
+        state = self.state
+        if payload is NOT_JSON:
+            if taken.data is None:
                 return None
+            if taken.done:
+                state.done = True
+                return taken
+            state.malformed += 1
+            return None
         if type(payload) is dict and "error" in payload and "choices" not in payload:
             raise Failure(
                 failures.SERVER_ERROR,
