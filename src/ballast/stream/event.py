@@ -29,9 +29,8 @@ _UNREAD: Final = object()
 
 
 def parse(data: bytes) -> Any:
-    """A stream event's data parsed: its JSON, or NOT_JSON. `[DONE]`, in every chat stream,
-    is known before a parse would raise on it. (The exchange parses the usual one-line event
-    inline as it types it, the same way: that runs for every event of every stream.)"""
+    """The one place a stream event's data is parsed: its JSON, or NOT_JSON. `[DONE]`, in
+    every chat stream, is known before a parse would raise on it."""
     if len(data) < 16 and data.strip() == b"[DONE]":
         return NOT_JSON
     try:

@@ -13,13 +13,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import orjson
-
 from ballast.resilience import failures
 from ballast.resilience.clock import Clock
 from ballast.resilience.deadline import Watchdog
 from ballast.resilience.failures import Failure
-from ballast.stream.event import DONE_EVENT, NOT_JSON, StreamEvent, read
+from ballast.stream.event import DONE_EVENT, NOT_JSON, StreamEvent, parse, read
 from ballast.stream.state import StreamState
 from ballast.upstream.answer import answer_head
 from ballast.upstream.client import Route, Upstream, relay_headers
@@ -227,17 +225,12 @@ class UpstreamStream:
     def _take(self, event: bytes) -> StreamEvent | None:
         """One event, typed and read by the stream's state (the one parse of its data); None
         for an event that must not reach the client (a comment, a malformed chunk)."""
-        if event.startswith(b"data:") and b"\n" not in event and not event.endswith(b"]"):
-            # The usual event (a JSON object: `[DONE]` ends in a bracket), parsed at once.
+        if event.startswith(b"data:") and b"\n" not in event:  # the usual event, at once
             data = event[5:]  # JSON may keep its leading space
-            try:
-                payload = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                payload = NOT_JSON
-            taken = StreamEvent(event + b"\n\n", data, None, payload)
+            taken = StreamEvent(event + b"\n\n", data, None, parse(data))
         else:
             taken = read(event)
-            payload = taken.json
+        payload = taken.json
         state = self.state
         if payload is NOT_JSON:
             if taken.data is None:
