@@ -1,29 +1,23 @@
 """One attempt's stream from one deployment, guarded by two clocks (time to first token, gap
-between chunks), its events typed as they are split and read once by the stream's state.
-Every failure leaves here as a classified Failure. A whole answer is upstream/answer.py's; a
-whole answer read as a stream is collect.py's.
-
-It lives above the transport because its clocks read what the events mean: the first token
-is the first event with model output, and a stream ends at `[DONE]` or a Responses terminal
-event. The transport below it hands it raw bytes and a provider's decoder; it hands typed
-events up."""
+between chunks). Every failure leaves here as a classified Failure. A whole answer is
+answer.py's; a whole answer read as a stream is collect.py's."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 
+import orjson
+
 from ballast.resilience import failures
 from ballast.resilience.clock import Clock
 from ballast.resilience.deadline import Watchdog
 from ballast.resilience.failures import Failure
-from ballast.stream.event import DONE_EVENT, NOT_JSON, StreamEvent, parse, read
-from ballast.stream.state import StreamState
 from ballast.upstream.answer import answer_head
 from ballast.upstream.client import Route, Upstream, relay_headers
 from ballast.upstream.http1 import HttpError, Response
 from ballast.upstream.provider_wire import Decoder, Wire
-from ballast.upstream.sse import EventTooLarge, SseSplitter
+from ballast.upstream.sse import DONE, EventTooLarge, SseSplitter, StreamState, event_data
 
 # Buffered bytes of an event stream at which its socket stops being read. A stream's reader
 # relays what it takes at once, so this (with one socket read) is what a stream whose client
@@ -31,10 +25,13 @@ from ballast.upstream.sse import EventTooLarge, SseSplitter
 STREAM_HIGH_WATER = 32 * 1024
 
 
+_UNREAD = object()  # an event not parsed yet
+
+
 class UpstreamStream:
-    """An open upstream stream. `next_events` yields relayable typed events and raises a
-    Failure on a stall, a cut, a reset or an in-band error. A provider's `decoder` turns its
-    own stream into chat events; the default splits SSE."""
+    """An open upstream stream. `next_events` yields relayable events (each with its blank-line
+    terminator) and raises a Failure on a stall, a cut, a reset or an in-band error. A
+    provider's `decoder` turns its own stream into chat events; the default splits SSE."""
 
     def __init__(
         self,
@@ -59,8 +56,8 @@ class UpstreamStream:
         self._failure: Failure | None = None
         self.until = math.inf  # monotonic: the attempt's deadline bounds the whole stream
         self._alive = False  # the last chunk completed an event (the upstream is alive)
-        self._forward: Callable[[list[StreamEvent]], bool] | None = None  # while pumping
-        self._pumped: list[StreamEvent] | BaseException | None = None  # why the pump stopped
+        self._forward: Callable[[list[bytes]], bool] | None = None  # while pumping
+        self._pumped: list[bytes] | BaseException | None = None  # why the pump stopped
 
     @property
     def exhausted(self) -> bool:
@@ -71,7 +68,7 @@ class UpstreamStream:
         """The upstream's response headers a client may see."""
         return relay_headers(self.response)
 
-    async def next_events(self, deadline: float | None = None) -> list[StreamEvent]:
+    async def next_events(self, deadline: float | None = None) -> list[bytes]:
         """Read until at least one data event is ready; [] once the stream has ended properly.
         The wait for it runs on one clock: the inter-chunk timeout, restarted by every event
         (a comment too: the upstream is alive), or `deadline` (the clock's monotonic time)
@@ -83,7 +80,7 @@ class UpstreamStream:
             return []
         content = self.response
         fixed = deadline is not None
-        out: list[StreamEvent] = []
+        out: list[bytes] = []
         while not out:
             try:
                 # Data already buffered needs no clock; waiting for more runs on one.
@@ -107,7 +104,7 @@ class UpstreamStream:
                 return out
         return out
 
-    async def pump(self, forward: Callable[[list[StreamEvent]], bool]) -> list[StreamEvent]:
+    async def pump(self, forward: Callable[[list[bytes]], bool]) -> list[bytes]:
         """`next_events` for a relay that can write to its client at once: each chunk's
         events go to `forward` from the connection's callback as they arrive, so neither a
         task nor a coroutine runs per chunk; the inter-chunk clock moves with one clock read
@@ -155,16 +152,16 @@ class UpstreamStream:
         except Exception as error:  # a Failure, or a fault of ours: the task's to raise
             self._stop(error)
 
-    def _forward_now(self, events: list[StreamEvent]) -> bool:
+    def _forward_now(self, events: list[bytes]) -> bool:
         forward = self._forward
         return forward is not None and forward(events)
 
-    def _stop(self, result: list[StreamEvent] | BaseException) -> None:
+    def _stop(self, result: list[bytes] | BaseException) -> None:
         self.response.consumer = None
         self._pumped = result
         self.response.wake()
 
-    def _events_of(self, chunk: bytes) -> list[StreamEvent]:
+    def _events_of(self, chunk: bytes) -> list[bytes]:
         """The whole events of `chunk` a client may see (the rest waits in the splitter);
         `_alive` notes that an event, of any kind, completed. An in-band error raises if no
         event came before it; otherwise it waits in `_failure`, for the next read."""
@@ -181,7 +178,7 @@ class UpstreamStream:
         except Failure as failure:  # a provider's in-band error
             failure.deployment = self.upstream.id
             raise
-        out: list[StreamEvent] = []
+        out: list[bytes] = []
         if events:
             self._alive = True
         for event in events:
@@ -194,8 +191,8 @@ class UpstreamStream:
                 # state already counts it as sent.
                 self._failure = failure
                 return out
-            if taken is not None:
-                out.append(taken)
+            if taken:
+                out.append(event + b"\n\n")
             if self.state.done:
                 self._eof = True
                 return out
@@ -222,35 +219,46 @@ class UpstreamStream:
             deployment=self.upstream.id,
         )
 
-    def _take(self, event: bytes) -> StreamEvent | None:
-        """One event, typed and read by the stream's state (the one parse of its data); None
-        for an event that must not reach the client (a comment, a malformed chunk)."""
-        if event.startswith(b"data:") and b"\n" not in event:  # the usual event, at once
-            data = event[5:]  # JSON may keep its leading space
-            taken = StreamEvent(event + b"\n\n", data, None, parse(data))
-        else:
-            taken = read(event)
-        payload = taken.json
+    def _take(self, event: bytes) -> bool:
+        """Record one event; False for events that must not reach the client. Runs for every
+        event of every stream, so the usual one-line `data: {...}` event is parsed at once;
+        anything else (several lines, comments, other fields) takes the careful path."""
         state = self.state
-        if payload is NOT_JSON:
-            if taken.data is None:
-                return None
-            if taken.done:
+        if event.startswith(b"data:"):
+            data = event[5:]  # JSON may keep its leading space
+            if len(data) < 16 and data.strip() == b"[DONE]":
                 state.done = True
-                return taken
-            state.malformed += 1
-            return None
+                return True
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                payload = _UNREAD
+        else:
+            payload = _UNREAD
+        if payload is _UNREAD:
+            found = event_data(event)
+            if found is None:
+                return False
+            data = found
+            if data.strip() == b"[DONE]":
+                state.done = True
+                return True
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                state.malformed += 1
+                return False
         if type(payload) is dict and "error" in payload and "choices" not in payload:
             raise Failure(
                 failures.SERVER_ERROR,
                 "upstream sent an error event mid-stream",
-                body=(taken.data or b"").strip(),
+                body=data.strip(),
                 deployment=self.upstream.id,
             )
         state.observe(payload)
-        return taken
+        return True
 
-    def _finish(self, out: list[StreamEvent]) -> list[StreamEvent]:
+    def _finish(self, out: list[bytes]) -> list[bytes]:
         self._eof = True
         try:
             rest = self._splitter.finish()
@@ -258,15 +266,14 @@ class UpstreamStream:
             failure.deployment = self.upstream.id
             raise
         for event in rest:
-            taken = self._take(event)
-            if taken is not None:
-                out.append(taken)
+            if self._take(event):
+                out.append(event + b"\n\n")
         if self.state.done:
             return out
         if self.state.finished:
             # A complete answer without [DONE]: finish it for the client at once.
             self.state.done = True
-            out.append(DONE_EVENT)
+            out.append(DONE + b"\n\n")
             return out
         raise Failure(
             failures.STREAM_CUT,
@@ -295,7 +302,7 @@ async def open_stream(
     route: Route | None = None,
     until: float = math.inf,
     wire: Wire | None = None,
-) -> tuple[UpstreamStream, list[StreamEvent]]:
+) -> tuple[UpstreamStream, list[bytes]]:
     """Open a stream and wait for its first token (or its end) within `first_token`.
     Events before the first token (the role chunk) are held back and returned with it, so a
     silent upstream can still be replaced before the client has seen a byte. `until`
@@ -321,7 +328,7 @@ async def open_stream(
         None if wire is None else wire.decoder(upstream.max_event_bytes),
     )
     stream.until = until
-    held: list[StreamEvent] = []
+    held: list[bytes] = []
     try:
         while True:
             events = await stream.next_events(deadline)
