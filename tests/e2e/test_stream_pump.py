@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import anthropic
 import pytest
 
-from ballast.upstream.exchange import UpstreamStream
+from ballast.stream.exchange import UpstreamStream
 from tests.e2e.test_routing import MESSAGES, client, config, full, ordered
 from tests.stack import Stack, deployment, group
 

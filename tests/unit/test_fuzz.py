@@ -18,7 +18,9 @@ from ballast.api.openai import parse_request
 from ballast.app import BallastApp
 from ballast.config import ConfigError, parse_settings
 from ballast.pipeline.errors import ApiError
-from ballast.upstream.sse import SseSplitter, StreamState, event_data
+from ballast.stream.event import NOT_JSON, read
+from ballast.stream.state import StreamState
+from ballast.upstream.sse import SseSplitter, event_data
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -301,13 +303,11 @@ def test_sse_event_data_never_fails(data: bytes) -> None:
     splitter = SseSplitter()
     state = StreamState()
     for event in [*splitter.feed(data), splitter.rest()]:
-        found = event_data(event)
-        if found is None:
-            continue
-        try:
-            state.observe(orjson.loads(found))
-        except orjson.JSONDecodeError:
+        payload = read(event).json
+        if payload is NOT_JSON:
             state.malformed += 1
+        else:
+            state.observe(payload)
 
 
 @FAST

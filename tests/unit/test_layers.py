@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "src" / "ballast"
 
 # Bottom to top. A package may import the ones before it in this list, never those after.
-LAYERS = ("resilience", "upstream", "providers", "state", "routing", "pipeline", "api")
+LAYERS = ("resilience", "upstream", "stream", "providers", "state", "routing", "pipeline", "api")
 
 
 def _module(path: Path) -> str:
@@ -129,7 +129,8 @@ def test_each_layer_imports_only_the_layers_below_it(layer: str) -> None:
 
 
 def test_the_transport_and_the_state_know_no_route_and_no_api() -> None:
-    assert imports_of("upstream") & {"routing", "state", "api", "providers", "pipeline"} == set()
+    above = {"stream", "routing", "state", "api", "providers", "pipeline"}
+    assert imports_of("upstream") & above == set()
     assert imports_of("state") & {"routing", "api", "pipeline"} == set()
 
 
@@ -148,3 +149,8 @@ def test_the_simulator_imports_nothing_it_tests() -> None:
 def test_no_module_imports_the_app_object() -> None:
     importers = {s for s, targets in GRAPH.items() if "ballast.app" in targets}
     assert importers <= {"ballast.demo"}  # the demo starts a gateway in its own process
+
+
+def test_the_stream_events_know_only_the_transport_below_them() -> None:
+    # Chat semantics read typed events; the framing they are cut from is the transport's.
+    assert imports_of("stream") <= {"resilience", "upstream"}

@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ballast.cache.replay import assemble, replay, split_events
+from ballast.cache.replay import replay
 from ballast.cache.service import DEFAULT, NO_STORE, OFF, REFRESH, Lookup, Mode
 from ballast.pipeline.asgi import (
     EVENT_STREAM,
     JSON,
     NO_CACHE,
     DisconnectWatch,
-    Message,
     Scope,
     Send,
     header,
@@ -34,8 +33,10 @@ from ballast.pipeline.asgi import (
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import bad_request
 from ballast.pipeline.pipeline import Pipeline
-from ballast.pipeline.shape import Rendering, TranslatedSend
+from ballast.pipeline.shape import Rendering
 from ballast.pipeline.stages import Flow, Next
+from ballast.stream.assemble import assemble
+from ballast.stream.event import StreamEvent, raw
 
 if TYPE_CHECKING:
     from ballast.pipeline.access import Access
@@ -113,10 +114,12 @@ async def send_hit(
         await send_bytes(send, 200, [JSON, *extra], body)
         return
     translator = shape.translator(request)
-    if translator is not None:  # it reads the usage, which never reaches the client as is
-        send = TranslatedSend(send, translator).send
-        include_usage = True
-    body = replay(request.path, lookup.body, include_usage)
+    # A translator reads the usage, which never reaches the client as is.
+    events = replay(request.path, lookup.body, include_usage or translator is not None)
+    if translator is None:
+        body = raw(events)
+    else:
+        body = translator.feed(events) + translator.finish()
     await send(
         {"type": "http.response.start", "status": 200, "headers": [EVENT_STREAM, NO_CACHE, *extra]}
     )
@@ -124,44 +127,21 @@ async def send_hit(
 
 
 class StreamRecorder:
-    """Passes a streamed answer to the client and keeps a copy; when the stream ends whole,
-    the assembled answer is stored before its last bytes go out, so the client's next
-    identical request finds it. Usage that the client did not ask for is kept from the
-    client here (the relay is then asked to leave it in)."""
+    """Keeps a copy of a streamed answer's events on their way to the client (StreamSend
+    records them); when the stream ends whole, the assembled answer is stored before its last
+    bytes go out, so the client's next identical request finds it."""
 
-    __slots__ = ("_send", "events", "lookup", "path", "strip_usage")
+    __slots__ = ("events", "lookup", "path")
 
-    def __init__(self, send: Send, lookup: Lookup, path: str, strip_usage: bool) -> None:
-        self._send = send
+    def __init__(self, lookup: Lookup, path: str) -> None:
         self.lookup = lookup
         self.path = path
-        self.strip_usage = strip_usage
-        self.events: list[bytes] = []
+        self.events: list[StreamEvent] = []
 
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.body":
-            body: bytes = message.get("body", b"")
-            if body:
-                events = split_events(body)
-                self.events.extend(events)
-                if self.strip_usage and b'"usage"' in body:
-                    kept = [e for e in events if not _usage_only(e)]
-                    message = {**message, "body": b"".join(e + b"\n\n" for e in kept)}
-            if not message.get("more_body", False):
-                answer = assemble(self.path, self.events)
-                if answer is not None:
-                    await self.lookup.store(answer)
-        await self._send(message)
-
-
-def _usage_only(event: bytes) -> bool:
-    if b'"usage"' not in event or not event.startswith(b"data:"):
-        return False
-    try:
-        payload = orjson.loads(event[5:])
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(payload, dict) and payload.get("choices") == [] and "usage" in payload
+    async def store(self) -> None:
+        answer = assemble(self.path, self.events)
+        if answer is not None:
+            await self.lookup.store(answer)
 
 
 def settle_hit(access: Access | None, ticket: Ticket | None, lookup: Lookup) -> None:

@@ -12,12 +12,13 @@ from ballast.config import ModelGroup
 from ballast.pipeline.asgi import EVENT_STREAM, JSON, NO_CACHE, DisconnectWatch
 from ballast.pipeline.caching import StreamRecorder
 from ballast.pipeline.context import RequestContext
+from ballast.pipeline.errors import ApiError
 from ballast.pipeline.keepalive import KeepAlive
 from ballast.pipeline.pipeline import Pipeline
 from ballast.pipeline.relay import Relay
 from ballast.pipeline.respond import Responder
-from ballast.pipeline.shape import TranslatedSend
 from ballast.pipeline.stages import Flow, Next
+from ballast.pipeline.stream_send import StreamSend
 from ballast.routing.attempt_loop import Attempts
 from ballast.routing.dispatch import OpenStream
 from ballast.types import Message, Send
@@ -74,41 +75,43 @@ class Dispatch:
         self, ctx: RequestContext, group: ModelGroup, responder: Responder, watch: DisconnectWatch
     ) -> None:
         pipeline = self.pipeline
-        send: Send = responder.send
-        strip_usage = ctx.usage_added
         recorder: StreamRecorder | None = None
+        # The shape's translator reads the usage chunk; it never reaches the client.
         translator = responder.shape.translator(ctx)
-        if translator is not None:  # the shape reads the usage chunk; it never reaches the client
-            send = TranslatedSend(send, translator).send
-            strip_usage = False
-        if ctx.lookup is not None:  # usage is asked for, to be kept with the answer
-            hide = ctx.ask_for_usage() and translator is None
-            recorder = StreamRecorder(send, ctx.lookup, ctx.path, hide)
-            send = recorder.send
-            strip_usage = False
+        if ctx.lookup is not None:
+            ctx.ask_for_usage()  # to be kept with the answer
+            recorder = StreamRecorder(ctx.lookup, ctx.path)
+        out = StreamSend(
+            responder.send,
+            responder.shape,
+            translator,
+            recorder,
+            strip_usage=ctx.usage_added and translator is None,
+        )
+        send: Send = out.send
         ctx.attempts = attempts = pipeline.router.loop.begin(stream=True)
         opened = await self._open(ctx, group, attempts, responder, send)
         ctx.upstream_headers = opened.stream.headers
         relay = Relay(pipeline.router.dispatch, ctx, group, opened, attempts, pipeline.continuation)
-        relay.strip_usage = strip_usage
         if recorder is None:  # nothing keeps the body; a translator may reshape it
             relay.writer = responder.writer
-            relay.translator = translator
+            relay.out = out
         try:
             if not responder.started:
                 await send(self._stream_start(responder, opened))
-            async for chunk in relay.events():
+            async for piece in relay.events():
                 if relay.ending:  # the last piece ends the response with it: one send less
                     watch.stop()
                     # Billed before the answer completes: a crash after it cannot lose it.
                     pipeline.settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
-                await send(
-                    {"type": "http.response.body", "body": chunk, "more_body": not relay.ending}
-                )
+                if isinstance(piece, ApiError):
+                    await out.fail(piece)
+                else:
+                    await out.events(piece, not relay.ending)
             if not relay.ending:
                 watch.stop()
                 pipeline.settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await out.events([], False)
         finally:
             relay.close()
         ctx.finish_reason = relay.opened.stream.state.finish_reason

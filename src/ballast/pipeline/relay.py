@@ -3,49 +3,38 @@ silently; after it, a stall or a cut is healed by continuation: the next deploym
 to go on with the same answer (the partial text as an assistant prefill where the provider
 continues one, or a regeneration that must begin with what the client already has), and only
 the remainder is relayed. When nothing can continue, the stream ends with an error event
-naming the fault. Each stream's attempt gets its verdict when that stream ends."""
+naming the fault, made once in the client's shape (StreamSend.fail). Each stream's attempt
+gets its verdict when that stream ends. The relay carries typed events of any shape: it
+reads only what the exchange's state and the splice read, and reshapes nothing itself."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
 
-import orjson
-
 from ballast.config import ModelGroup
 from ballast.pipeline.context import RequestContext
-from ballast.pipeline.errors import error_event
-from ballast.pipeline.shape import StreamTranslator
-from ballast.pipeline.splice import Diverged, Sent, Splice
+from ballast.pipeline.errors import ApiError
+from ballast.pipeline.stream_send import StreamSend
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.routing.attempt_loop import Attempts
 from ballast.routing.dispatch import Dispatch, OpenStream
+from ballast.stream.event import StreamEvent
+from ballast.stream.splice import Diverged, Sent, Splice
 from ballast.types import BodyWriter
-from ballast.upstream.sse import event_data
 
 log = logging.getLogger("ballast.relay")
 
+# What the relay yields: whole events for the client, or the error that ends the stream.
+Piece = list[StreamEvent] | ApiError
 
-def failure_event(failure: Failure, detail: str) -> bytes:
+
+def failure_error(failure: Failure, detail: str) -> ApiError:
+    """The error that ends a stream broken past healing."""
     kind = failure.kind
-    return error_event(
-        f"The upstream stream failed ({kind.label}): {detail}", kind.error_type, kind.code
-    )
-
-
-def _is_usage_only(event: bytes) -> bool:
-    """The final usage chunk (`choices: []` with `usage`), which clients get only on request."""
-    if b'"usage"' not in event or b'"choices"' not in event:
-        return False
-    data = event_data(event.rstrip(b"\n"))
-    if data is None or data == b"[DONE]":
-        return False
-    try:
-        payload = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(payload, dict) and payload.get("choices") == [] and "usage" in payload
+    message = f"The upstream stream failed ({kind.label}): {detail}"
+    return ApiError(kind.status, message, kind.error_type, kind.code)
 
 
 class Relay:
@@ -67,17 +56,15 @@ class Relay:
         self.continuation = continuation
         self.continuations = 0
         self._splice: Splice | None = None
-        # Usage was asked of the upstream for accounting, not by the client: keep it from them.
-        self.strip_usage = False
         self._before: Sent | None = Sent()  # what the client had when this stream began
         self._original: Failure | None = None
         # True while the piece just yielded is the stream's last: it may end the response.
         self.ending = False
         # Set by the pipeline when nothing keeps the body on its way (a shape's translator may
         # reshape it): once a first piece went through `send`, the rest is forwarded as it
-        # arrives (UpstreamStream.pump).
+        # arrives (UpstreamStream.pump), encoded by `out` as its pieces are.
         self.writer: BodyWriter | None = None
-        self.translator: StreamTranslator | None = None  # the shape's, shared with its send
+        self.out: StreamSend | None = None
         self._yielded = False
         self._blocked = False  # the writer's client buffer is full: drain before pumping
 
@@ -94,8 +81,9 @@ class Relay:
     def usage(self) -> object:
         return self.opened.stream.state.usage
 
-    async def events(self) -> AsyncIterator[bytes]:
-        """Wire bytes for the client, each piece made of whole SSE events."""
+    async def events(self) -> AsyncIterator[Piece]:
+        """The client's pieces: whole events, and last, when nothing could heal the stream,
+        the error that ends it."""
         try:
             pending = self.opened.held
             self.opened.held = []
@@ -108,7 +96,7 @@ class Relay:
                         self._end(None, diverged=True)
                         original = self._original or Failure(failures.STREAM_CUT, "diverged")
                         self.ending = True
-                        yield failure_event(original, "the continuation diverged from the answer")
+                        yield failure_error(original, "the continuation diverged from the answer")
                         return
                     if out:
                         self.ending = stream.state.done
@@ -133,31 +121,28 @@ class Relay:
                     recovered = await self._continue(failure)
                     if recovered is None:
                         self.ending = True
-                        yield failure_event(self._original, self._detail(self._original))
+                        yield failure_error(self._original, self._detail(self._original))
                         return
                     pending = recovered
         finally:
             self.close()
 
-    def _forward(self, events: list[bytes]) -> bool:
-        """A pumped stream's events, straight to the client; False to pause the pump."""
-        writer = self.writer
-        if writer is None:
+    def _forward(self, events: list[StreamEvent]) -> bool:
+        """A pumped stream's events, straight to the client; False to pause the pump. (Only a
+        stream with no splice is pumped.)"""
+        writer, out = self.writer, self.out
+        if writer is None or out is None:
             return False
-        out = self._filter(events)
-        if out and self.translator is not None:
-            out = self.translator.feed(out)
-        if out and not writer.write(out):
+        body = out.encode(events)
+        if body and not writer.write(body):
             self._blocked = True
             return False
         return True
 
-    def _filter(self, events: list[bytes]) -> bytes:
-        if self.strip_usage:
-            events = [e for e in events if not _is_usage_only(e)]
+    def _filter(self, events: list[StreamEvent]) -> list[StreamEvent]:
         if self._splice is None:
-            return b"".join(events)
-        return b"".join(self._splice.apply_all(events))
+            return events
+        return self._splice.apply_all(events)
 
     def _detail(self, failure: Failure) -> str:
         if failure.kind is failures.INTER_CHUNK_TIMEOUT:
@@ -170,7 +155,7 @@ class Relay:
         """What the client has now: a regenerated stream said all of it itself."""
         return Sent.of(self.opened.stream.state, self._before)
 
-    async def _continue(self, failure: Failure) -> list[bytes] | None:
+    async def _continue(self, failure: Failure) -> list[StreamEvent] | None:
         """Open a continuation on another deployment; its first events, or None."""
         call = self.call
         if not self.continuation or call.path in ("/embeddings", "/responses"):

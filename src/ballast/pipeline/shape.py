@@ -7,15 +7,17 @@ once, here, for every request of that shape:
 
 - `parse`: the client's body -> the RequestContext (in chat terms);
 - `answer`: a whole chat answer -> the shape's body;
-- `translator`: a stream's chat events (with the keep-alive comments and the relay's error
-  events) -> the shape's events, one translator per request, with a final flush;
+- `translator`: a stream's typed chat events (with the keep-alive comments) -> the shape's
+  events, one translator per request, with a final flush, and the error that ends a stream
+  broken past healing in the shape's own terms;
 - `error` / `error_event`: an ApiError -> the shape's status and body, or its in-stream event;
 - `passthrough`: an upstream's own refusal of the request -> the shape's status and body.
 
 The attempt loop, the watchdogs, keep-alive, continuation, the cache and settlement never
 know which shape a request came in: they run once, on the chat terms. The OpenAI shape is
 the pipeline's own, so it translates nothing (`translates` is False) and its bytes pass as
-they are."""
+they are. A translator reads the events' parsed data (`StreamEvent.json`), never the bytes
+again."""
 
 from __future__ import annotations
 
@@ -28,18 +30,22 @@ from ballast.config import ModelGroup
 from ballast.pipeline.asgi import Scope, header
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import ApiError
-from ballast.types import Message, Send
+from ballast.stream.event import StreamEvent
 
 
 class StreamTranslator(Protocol):
-    """One request's stream, from chat SSE to the shape's events."""
+    """One request's stream, from typed chat events to the shape's events."""
 
-    def feed(self, data: bytes) -> bytes:
-        """The shape's bytes for `data`, whole chat SSE events (or keep-alive comments)."""
+    def feed(self, events: list[StreamEvent]) -> bytes:
+        """The shape's bytes for `events`, whole chat events (or keep-alive comments)."""
         ...
 
     def finish(self) -> bytes:
         """What ends the shape's stream once the chat stream has ended (may be empty)."""
+        ...
+
+    def fail(self, error: ApiError) -> bytes:
+        """What ends the shape's stream with `error`, once it broke past healing."""
         ...
 
 
@@ -88,27 +94,3 @@ class Shape(Rendering, ABC):
     def bind(self, ctx: RequestContext, group: ModelGroup) -> None:
         """What the shape decides once the request's model group is known (after its key
         was checked); most shapes decide everything in `parse`."""
-
-
-class TranslatedSend:
-    """The client's `send` for a translating shape's stream: each body message's chat
-    events become the shape's, and the last one carries the translator's final flush.
-    The response's start passes unchanged."""
-
-    __slots__ = ("_send", "translator")
-
-    def __init__(self, send: Send, translator: StreamTranslator) -> None:
-        self._send = send
-        self.translator = translator
-
-    async def send(self, message: Message) -> None:
-        if message["type"] != "http.response.body":
-            await self._send(message)
-            return
-        body = self.translator.feed(message.get("body", b""))
-        more = message.get("more_body", False)
-        if not more:
-            body += self.translator.finish()
-        elif not body:
-            return  # nothing to say yet (an event the shape has no counterpart for)
-        await self._send({"type": "http.response.body", "body": body, "more_body": more})

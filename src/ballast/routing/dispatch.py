@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from ballast.cache.replay import assemble
 from ballast.config import ModelGroup
 from ballast.providers.base import EditedCall, OutboundCall
 from ballast.resilience.clock import Clock
@@ -18,10 +17,12 @@ from ballast.resilience.failures import Failure
 from ballast.routing.attempt import Attempt
 from ballast.routing.attempt_loop import AttemptLoop, Attempts, Exchange, Routable, first_success
 from ballast.routing.targets import Target
+from ballast.stream.assemble import assemble
+from ballast.stream.collect import collect
+from ballast.stream.event import StreamEvent
+from ballast.stream.exchange import UpstreamStream, open_stream
 from ballast.upstream.answer import Reply, fetch
 from ballast.upstream.client import Route
-from ballast.upstream.collect import collect
-from ballast.upstream.exchange import UpstreamStream, open_stream
 
 T = TypeVar("T")
 
@@ -62,7 +63,7 @@ class OpenStream:
 
     attempt: Attempt
     stream: UpstreamStream
-    held: list[bytes]  # events read so far, not yet relayed
+    held: list[StreamEvent]  # events read so far, not yet relayed
 
     def abandon(self) -> None:
         self.stream.close()

@@ -7,7 +7,9 @@ from typing import Any
 
 import orjson
 
-from ballast.cache.replay import assemble, is_complete, pieces, replay, split_events
+from ballast.cache.replay import is_complete, pieces, replay
+from ballast.stream.assemble import assemble
+from ballast.stream.event import StreamEvent, events_of, raw, read
 
 CHAT = "/chat/completions"
 
@@ -30,10 +32,15 @@ def chat_body(content: str, **message: Any) -> dict[str, Any]:
     }
 
 
-def chunks(stream: bytes) -> list[Any]:
-    events = split_events(stream)
-    assert events[-1] == b"data: [DONE]"
-    return [orjson.loads(e[5:]) for e in events[:-1]]
+def relayed(events: list[StreamEvent]) -> list[StreamEvent]:
+    """The events as a client reads them back from the bytes."""
+    return events_of(raw(events))
+
+
+def chunks(stream: list[StreamEvent]) -> list[Any]:
+    events = relayed(stream)
+    assert events[-1].raw == b"data: [DONE]\n\n"
+    return [orjson.loads(e.raw[5:]) for e in events[:-1]]
 
 
 def test_replay_is_role_content_finish_usage_done() -> None:
@@ -56,7 +63,7 @@ def test_assembling_a_replay_gives_back_the_answer() -> None:
         if body["choices"][0]["message"]["content"] == "":
             body["choices"][0]["message"]["content"] = None
         stream = replay(CHAT, orjson.dumps(body), include_usage=True)
-        again = assemble(CHAT, split_events(stream))
+        again = assemble(CHAT, relayed(stream))
         assert again is not None and orjson.loads(again) == body
 
 
@@ -73,17 +80,17 @@ def test_text_completions_replay_and_assemble() -> None:
     }
     stream = replay("/completions", orjson.dumps(body), include_usage=True)
     assert all(c["object"] == "text_completion" for c in chunks(stream))
-    assert orjson.loads(assemble("/completions", split_events(stream)) or b"") == body
+    assert orjson.loads(assemble("/completions", relayed(stream)) or b"") == body
 
 
 def test_an_unfinished_or_failed_stream_is_not_assembled() -> None:
-    events = split_events(replay(CHAT, orjson.dumps(chat_body("some text")), False))
+    events = relayed(replay(CHAT, orjson.dumps(chat_body("some text")), False))
     assert assemble(CHAT, events) is not None
     assert assemble(CHAT, events[:-1]) is None  # no [DONE]
-    assert assemble(CHAT, [e for e in events if b'finish_reason":"stop' not in e]) is None
-    error = b'data: {"error": {"message": "cut", "type": "api_error", "code": "stream_cut"}}'
+    assert assemble(CHAT, [e for e in events if b'finish_reason":"stop' not in e.raw]) is None
+    error = read(b'data: {"error": {"message": "cut", "type": "api_error", "code": "stream_cut"}}')
     assert assemble(CHAT, [*events[:2], error]) is None
-    assert assemble(CHAT, [*events[:2], b"data: {broken", *events[2:]]) is None
+    assert assemble(CHAT, [*events[:2], read(b"data: {broken"), *events[2:]]) is None
 
 
 def test_only_complete_successful_answers_are_kept() -> None:

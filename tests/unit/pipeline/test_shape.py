@@ -7,22 +7,27 @@ from typing import Any
 
 from ballast.pipeline.errors import ApiError
 from ballast.pipeline.respond import Responder
-from ballast.pipeline.shape import Rendering, TranslatedSend
+from ballast.pipeline.shape import Rendering
+from ballast.pipeline.stream_send import StreamSend
+from ballast.stream.event import StreamEvent, read
 from ballast.types import Message
 
 
 class Upper:
-    """A translator that upper-cases events and ends with a marker."""
+    """A translator that upper-cases data events and ends with a marker."""
 
     def __init__(self) -> None:
-        self.fed: list[bytes] = []
+        self.fed: list[StreamEvent] = []
 
-    def feed(self, data: bytes) -> bytes:
-        self.fed.append(data)
-        return data.upper() if data.startswith(b"data:") else b""
+    def feed(self, events: list[StreamEvent]) -> bytes:
+        self.fed.extend(events)
+        return b"".join(e.raw.upper() for e in events if e.data is not None)
 
     def finish(self) -> bytes:
         return b"END\n\n"
+
+    def fail(self, error: ApiError) -> bytes:
+        return b"FAILED: " + error.message.encode() + b"\n\n"
 
 
 class Loud(Rendering):
@@ -51,25 +56,42 @@ class Sink:
         ]
 
 
-async def test_translated_send_translates_bodies_and_flushes_at_the_end() -> None:
+async def test_a_translated_stream_is_sent_in_the_shape_and_flushed_at_the_end() -> None:
     sink = Sink()
     upper = Upper()
-    send = TranslatedSend(sink, upper).send
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    await send({"type": "http.response.body", "body": b"data: a\n\n", "more_body": True})
-    await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
-    await send({"type": "http.response.body", "body": b"data: b\n\n", "more_body": False})
+    out = StreamSend(sink, Loud(), upper)
+    await out.send({"type": "http.response.start", "status": 200, "headers": []})
+    await out.events([read(b"data: a")], True)
+    await out.send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
+    await out.events([read(b"data: b")], False)
     assert sink.messages[0]["type"] == "http.response.start"
     # The comment had no counterpart: nothing was sent for it.
     assert sink.bodies() == [(b"DATA: A\n\n", True), (b"DATA: B\n\nEND\n\n", False)]
-    assert upper.fed[1] == b": keep-alive\n\n"
+    assert upper.fed[1].raw == b": keep-alive\n\n"
 
 
-async def test_the_last_empty_body_still_carries_the_flush() -> None:
+async def test_the_last_empty_piece_still_carries_the_flush() -> None:
     sink = Sink()
-    send = TranslatedSend(sink, Upper()).send
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    await StreamSend(sink, Loud(), Upper()).events([], False)
     assert sink.bodies() == [(b"END\n\n", False)]
+
+
+async def test_usage_the_client_did_not_ask_for_is_left_out() -> None:
+    sink = Sink()
+    usage = read(b'data: {"choices":[],"usage":{"total_tokens":3}}')
+    text = read(b'data: {"choices":[{"delta":{"content":"a"}}],"usage":null}')
+    await StreamSend(sink, Rendering(), strip_usage=True).events([text, usage], False)
+    assert sink.bodies() == [(text.raw, False)]
+
+
+async def test_a_broken_stream_ends_with_the_error_made_once_in_the_clients_shape() -> None:
+    error = ApiError(502, "cut short", "api_error", "upstream_stream_cut")
+    sink = Sink()
+    await StreamSend(sink, Rendering()).fail(error)
+    assert sink.bodies() == [(error.event(), False)]
+    sink = Sink()
+    await StreamSend(sink, Loud(), Upper()).fail(error)
+    assert sink.bodies() == [(b"FAILED: cut short\n\n", False)]
 
 
 async def test_errors_take_the_shape_of_the_responder() -> None:

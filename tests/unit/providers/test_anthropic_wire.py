@@ -11,7 +11,7 @@ import pytest
 from ballast.providers.anthropic_wire import AnthropicWire
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
-from ballast.upstream.sse import StreamState
+from ballast.stream.state import StreamState
 
 
 def wire(usage: bool = True, trim: bool = False) -> AnthropicWire:

@@ -48,17 +48,3 @@ def test_the_end_of_an_event_split_across_reads_is_found() -> None:
     assert splitter.feed(b"\n\r\n") == [b"data: 2"]
     assert splitter.feed(b"data: 3\n\n\n") == [b"data: 3"]
     assert splitter.rest() == b""
-
-
-def test_a_stream_keeps_its_text_for_continuation_up_to_a_limit() -> None:
-    from ballast.upstream.sse import StreamState
-
-    state = StreamState(limit=10)
-    for piece in ("abcd", "efgh"):
-        state.observe({"choices": [{"delta": {"content": piece}}]})
-    assert state.content == "abcdefgh" and not state.untracked
-    state.observe({"choices": [{"delta": {"reasoning_content": "ijk"}}]})
-    assert state.untracked  # past the limit: relayed on, never continued
-    assert state.content == "" and state.reasoning_text == ""
-    state.observe({"choices": [{"delta": {"content": "more"}, "finish_reason": "stop"}]})
-    assert state.output and state.finished and state.content == ""

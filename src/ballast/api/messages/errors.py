@@ -3,8 +3,6 @@ status codes Anthropic's API uses (an overloaded gateway is a 529, not a 503).""
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
 from ballast.pipeline.errors import ApiError
@@ -21,7 +19,7 @@ _BY_STATUS = {
     503: (529, "overloaded_error"),
     504: (504, "timeout_error"),
 }
-# An OpenAI error type (the pipeline's, and a stream's error event) -> Anthropic's.
+# An OpenAI error type (the pipeline's, and a broken stream's) -> Anthropic's.
 _BY_TYPE = {
     "invalid_request_error": "invalid_request_error",
     "authentication_error": "authentication_error",
@@ -62,13 +60,10 @@ def stream_event(error: ApiError) -> bytes:
     return event(status_and_type(error.status)[1], error.message)
 
 
-def from_openai_event(payload: dict[str, Any]) -> bytes:
-    """The relay's OpenAI error event (a stream that broke past healing) in this shape."""
-    given = payload.get("error")
-    given = given if isinstance(given, dict) else {}
-    message = given.get("message")
-    error_type = _BY_TYPE.get(str(given.get("type")), "api_error")
-    return event(error_type, message if isinstance(message, str) else "The stream failed.")
+def relay_event(error: ApiError) -> bytes:
+    """The relay's error for a stream that broke past healing, in this shape (its type
+    mapped from the failure's OpenAI type)."""
+    return event(_BY_TYPE.get(error.error_type, "api_error"), error.message)
 
 
 def passthrough(status: int, body: bytes) -> tuple[int, bytes]:

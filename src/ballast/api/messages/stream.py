@@ -6,7 +6,8 @@ text, one tool_use block per tool call), ENDED (`message_delta` and `message_sto
 an `error` event). `message_start` is held until the first chat chunk, so it carries the
 upstream's answer id and model; its `input_tokens` is the upstream's count when that chunk
 reports usage, else the gateway's estimate, and `message_delta` carries the real input and
-output tokens of the usage chunk at the end (the SDK keeps the later figure)."""
+output tokens of the usage chunk at the end (the SDK keeps the later figure). Reads each
+event's parsed data (`StreamEvent.json`); a stream broken past healing ends with `fail`."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import orjson
 
 from ballast.api.messages.answer import REASONING_FIELDS, message_id, stop_reason, usage_of
 from ballast.api.messages.errors import event as error_event
-from ballast.api.messages.errors import from_openai_event
-from ballast.upstream.sse import event_data
+from ballast.api.messages.errors import relay_event
+from ballast.pipeline.errors import ApiError
+from ballast.stream.event import NOT_JSON, StreamEvent
 
 
 class State(enum.Enum):
@@ -41,7 +43,7 @@ def sse(name: bytes, payload: dict[str, Any]) -> bytes:
 
 
 class MessagesStream:
-    """Feeds on whole chat SSE events; returns Anthropic SSE bytes."""
+    """Feeds on typed chat events; returns Anthropic SSE bytes."""
 
     __slots__ = (
         "_block",
@@ -77,15 +79,14 @@ class MessagesStream:
     def __repr__(self) -> str:
         return f"<MessagesStream {self.state.value} blocks={self._blocks}>"
 
-    def feed(self, data: bytes) -> bytes:
+    def feed(self, events: list[StreamEvent]) -> bytes:
         if self.state is State.ENDED:
             return b""
         out = self._out
-        for piece in data.split(b"\n\n"):
-            if piece:
-                self._event(piece)
-                if self.ended:
-                    break
+        for event in events:
+            self._event(event)
+            if self.ended:
+                break
         self._out = []
         return b"".join(out)
 
@@ -101,31 +102,30 @@ class MessagesStream:
         out, self._out = self._out, []
         return b"".join(out)
 
+    def fail(self, error: ApiError) -> bytes:
+        """The stream broke past healing: it ends with Anthropic's `error` event."""
+        if self.state is State.ENDED:
+            return b""
+        self.state = State.ENDED
+        out, self._out = self._out, []
+        out.append(relay_event(error))
+        return b"".join(out)
+
     # -- one chat event ----------------------------------------------------------------
 
-    def _event(self, event: bytes) -> None:
-        data = event[5:].strip() if event.startswith(b"data:") and b"\n" not in event else None
-        if data is None:
-            data = event_data(event)
-        if data is None:
-            if event.startswith(b":") and self.state is State.WAITING:
-                self._out.append(PING)  # the keep-alive while the first token is awaited
-            return
-        if data == b"[DONE]":
-            if self._finish is None:
-                self._fail("api_error", "The upstream stream ended before the answer finished.")
-            else:
-                self._end()
-            return
-        try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
+    def _event(self, event: StreamEvent) -> None:
+        chunk = event.json
+        if chunk is NOT_JSON:
+            if event.data is None:
+                if event.raw.startswith(b":") and self.state is State.WAITING:
+                    self._out.append(PING)  # the keep-alive while the first token is awaited
+            elif event.done:
+                if self._finish is None:
+                    self._fail("api_error", "The upstream stream ended before the answer finished.")
+                else:
+                    self._end()
             return  # the relay skips malformed chunks too
         if not isinstance(chunk, dict):
-            return
-        if "error" in chunk and "choices" not in chunk:
-            self._out.append(from_openai_event(chunk))
-            self.state = State.ENDED
             return
         if self.state is State.WAITING:
             self._start(chunk)

@@ -27,6 +27,7 @@ from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import ApiError, bad_request
 from ballast.pipeline.shape import Shape, StreamTranslator
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.stream.event import StreamEvent, raw
 
 Resolve = Callable[[str], ModelGroup | None]
 _MAX_OUTPUT = 1 << 24
@@ -50,32 +51,31 @@ def _typed_error(code: str | None, message: str, sequence: int) -> bytes:
 
 
 class NativeStream:
-    """A native stream passes as the upstream sent it; only the relay's own error event (in
-    chat terms) becomes a Responses `error` event, numbered after the last one relayed."""
+    """A native stream passes as the upstream sent it; only the relay's error for a stream
+    broken past healing becomes a Responses `error` event, numbered after the last one
+    relayed (read off the events' parsed data, which the stream's state already parsed)."""
 
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
         self._last = -1
 
-    def feed(self, data: bytes) -> bytes:
-        if data.startswith(b'data: {"error"'):
-            try:
-                error = orjson.loads(data[6:])["error"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                error = {}
-            error = error if isinstance(error, dict) else {}
-            message = str(error.get("message") or "the upstream stream failed")
-            return _typed_error(error.get("code"), message, self._last + 1)
-        at = data.rfind(b'"sequence_number":')
-        if at >= 0:
-            digits = data[at + 18 : at + 30].split(b",")[0].split(b"}")[0].strip()
-            if digits.isdigit():
-                self._last = int(digits)
-        return data
+    def feed(self, events: list[StreamEvent]) -> bytes:
+        for event in reversed(events):
+            payload = event.json
+            if type(payload) is dict:
+                number = payload.get("sequence_number")
+                if type(number) is int:
+                    self._last = number
+                    break
+        return raw(events)
 
     def finish(self) -> bytes:
         return b""
+
+    def fail(self, error: ApiError) -> bytes:
+        message = error.message or "the upstream stream failed"
+        return _typed_error(error.code, message, self._last + 1)
 
 
 class ResponsesShape(Shape):

@@ -1,6 +1,7 @@
 """Chat completion chunks as Responses streaming events: an explicit state machine over the
 output items (reasoning, one message, function calls), each event numbered. Fed the relay's
-chat SSE bytes; what it returns is whole Responses SSE events for the client."""
+typed chat events (their parsed data); what it returns is whole Responses SSE events for the
+client."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import orjson
 
 from ballast.api.responses import answer
 from ballast.api.responses.answer import call_item, message_item, new_id, reasoning_item, text_part
+from ballast.pipeline.errors import ApiError
+from ballast.stream.event import NOT_JSON, StreamEvent
 
 _REASONING = ("reasoning_content", "reasoning")
 # A streamed part's kind -> (its delta event, its done event, the done event's text field).
@@ -106,32 +109,25 @@ class ResponseStream:
             self._emit("response.created", {"response": self.response})
             self._emit("response.in_progress", {"response": self.response})
 
-    def feed(self, events: bytes) -> bytes:
-        """Whole chat SSE events (as the relay yields them) -> whole Responses events.
-        Comments (keep-alives) pass as they are; the response opens with the first data."""
+    def feed(self, events: list[StreamEvent]) -> bytes:
+        """Typed chat events (as the relay yields them) -> whole Responses events. Comments
+        (keep-alives) pass as they are; the response opens with the first data."""
         if self.phase is Phase.ENDED:
             return b""
-        for event in events.split(b"\n\n"):
-            if event.startswith(b":"):
-                self._out.append(event + b"\n\n")
-                continue
-            fast = event.startswith(b"data: {") and b"\n" not in event
-            data = event[6:] if fast else _data(event)  # the relay: one data line an event
-            if data is None:
-                continue
-            if data == b"[DONE]":
+        for event in events:
+            payload = event.json
+            if payload is NOT_JSON:
+                if event.data is None:
+                    if event.raw.startswith(b":"):
+                        self._out.append(event.raw)
+                    continue
+                if not event.done:
+                    continue  # the relay passes only parsed events; nothing to say about others
                 self._open_response()
                 self._complete()
                 break
-            try:
-                payload = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue  # the relay passes only parsed events; nothing to say about others
             if not isinstance(payload, dict):
                 continue
-            if "error" in payload and "choices" not in payload:
-                self._fail_with(payload["error"])
-                break
             model = payload.get("model")
             if self.phase is Phase.NEW and isinstance(model, str) and model:
                 self.response["model"] = model  # the model that answers, from the start
@@ -146,9 +142,9 @@ class ResponseStream:
             self._fail_with({"message": "the stream ended before the answer finished"})
         return self._take()
 
-    def fail(self, message: str, code: str = "server_error") -> bytes:
+    def fail(self, error: ApiError) -> bytes:
         """The stream broke and nothing can continue it: its end in Responses' shape."""
-        self._fail_with({"message": message, "code": code})
+        self._fail_with({"message": error.message, "code": error.code})
         return self._take()
 
     # -- the chat side ---------------------------------------------------------------
@@ -310,12 +306,3 @@ class ResponseStream:
         self.response["error"] = {"code": kind, "message": message}
         self.response["usage"] = answer.usage_of(self._usage)
         self._emit("response.failed", {"response": self.response})
-
-
-def _data(event: bytes) -> bytes | None:
-    """The data of one chat SSE event (Ballast's relay sends one `data:` line per event)."""
-    event = event.strip(b"\n")
-    if not event:
-        return None
-    lines = [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
-    return b"\n".join(lines) if lines else None

@@ -10,6 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ballast.api.messages.stream import MessagesStream, State
+from ballast.pipeline.errors import ApiError
+from ballast.stream.event import events_of
 
 
 def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **top: Any) -> bytes:
@@ -34,7 +36,7 @@ def events(data: bytes) -> list[dict[str, Any]]:
 
 def run(*pieces: bytes) -> tuple[MessagesStream, list[dict[str, Any]]]:
     stream = MessagesStream("claude", None, 42)
-    out = b"".join(stream.feed(p) for p in pieces) + stream.finish()
+    out = b"".join(stream.feed(events_of(p)) for p in pieces) + stream.finish()
     return stream, events(out)
 
 
@@ -111,12 +113,14 @@ def test_reasoning_then_text_are_two_blocks() -> None:
     assert out[-2]["delta"]["stop_reason"] == "max_tokens"
 
 
-def test_the_relays_error_event_ends_the_stream_with_an_anthropic_error() -> None:
-    error = {"error": {"message": "stalled", "type": "timeout", "code": "upstream_stalled"}}
-    stream, out = run(chunk({"content": "a"}), b"data: " + orjson.dumps(error) + b"\n\n")
+def test_the_relays_error_ends_the_stream_with_an_anthropic_error() -> None:
+    stream = MessagesStream("claude", None, 42)
+    said = stream.feed(events_of(chunk({"content": "a"})))
+    error = ApiError(504, "stalled", "timeout", "upstream_stalled")
+    out = events(said + stream.fail(error) + stream.finish())
     assert out[-1] == {"type": "error", "error": {"type": "timeout_error", "message": "stalled"}}
     assert "message_stop" not in [e["type"] for e in out]
-    assert stream.feed(chunk({"content": "late"})) == b""  # nothing after the end
+    assert stream.feed(events_of(chunk({"content": "late"}))) == b""  # nothing after the end
 
 
 @pytest.mark.parametrize("end", [DONE, b""], ids=["done", "closed"])
@@ -175,7 +179,7 @@ chat_events = st.one_of(
 @given(st.lists(chat_events, max_size=12))
 def test_any_chat_stream_gives_well_formed_events_ending_once(pieces: list[bytes]) -> None:
     stream = MessagesStream("claude", None, 1)
-    out = events(b"".join(stream.feed(p) for p in pieces) + stream.finish())
+    out = events(b"".join(stream.feed(events_of(p)) for p in pieces) + stream.finish())
     kinds = [e["type"] for e in out]
     assert stream.state is State.ENDED
     assert kinds[-1] in ("message_stop", "error")  # one end, whatever came

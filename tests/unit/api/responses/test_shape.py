@@ -14,7 +14,9 @@ from ballast.api.responses.shape import NativeStream, ResponsesContext, Response
 from ballast.config import Deployment, parse_settings
 from ballast.pipeline.access import token_counts
 from ballast.pipeline.context import RequestContext
-from ballast.upstream.sse import StreamState
+from ballast.pipeline.errors import ApiError
+from ballast.stream.event import events_of
+from ballast.stream.state import StreamState
 
 
 @pytest.mark.parametrize(
@@ -94,11 +96,9 @@ def test_a_responses_stream_is_read_for_output_its_end_and_usage() -> None:
 def test_the_relays_error_becomes_a_numbered_responses_error_event() -> None:
     native = NativeStream()
     relayed = b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":7,"delta":"x"}\n\n'  # noqa: E501
-    assert native.feed(relayed) == relayed
-    assert native.feed(b": keep-alive\n\n") == b": keep-alive\n\n"
-    ended = native.feed(
-        b'data: {"error":{"message":"cut","type":"x","code":"upstream_stream_cut"}}\n\n'
-    )
+    assert native.feed(events_of(relayed)) == relayed
+    assert native.feed(events_of(b": keep-alive\n\n")) == b": keep-alive\n\n"
+    ended = native.fail(ApiError(502, "cut", "api_error", "upstream_stream_cut"))
     name, data = ended.rstrip(b"\n").split(b"\n")
     assert name == b"event: error"
     event = orjson.loads(data[6:])

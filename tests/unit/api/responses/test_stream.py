@@ -13,6 +13,8 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import ResponseStreamEvent
 
 from ballast.api.responses.stream import Phase, ResponseStream
+from ballast.pipeline.errors import ApiError
+from ballast.stream.event import events_of
 
 # Each event type's own SDK class, so a mismatch names the field that is wrong.
 EVENTS: dict[str, type[pydantic.BaseModel]] = {
@@ -40,6 +42,11 @@ def _parse(wire: bytes) -> list[Any]:
     return events
 
 
+def feed(translator: ResponseStream, data: bytes) -> bytes:
+    """The translator fed relayed bytes, as typed events."""
+    return translator.feed(events_of(data))
+
+
 def _accumulate(events: list[Any]) -> Any:
     state: ResponseStreamState[Any] = ResponseStreamState(input_tools=omit, text_format=omit)
     for event in events:
@@ -50,14 +57,14 @@ def _accumulate(events: list[Any]) -> Any:
 def test_a_stream_of_reasoning_text_and_calls_is_the_sdks_event_sequence() -> None:
     translator = ResponseStream({"model": "m"}, "resp_3", 9, "")
     wire = translator.start()
-    wire += translator.feed(_chunk({"role": "assistant", "reasoning_content": "hm"}))
-    wire += translator.feed(_chunk({"content": "Hel"}) + _chunk({"content": "lo"}))
+    wire += feed(translator, _chunk({"role": "assistant", "reasoning_content": "hm"}))
+    wire += feed(translator, _chunk({"content": "Hel"}) + _chunk({"content": "lo"}))
     call = {"index": 0, "id": "call_1", "function": {"name": "f", "arguments": '{"a"'}}
-    wire += translator.feed(_chunk({"tool_calls": [call]}))
+    wire += feed(translator, _chunk({"tool_calls": [call]}))
     more = {"index": 0, "function": {"arguments": ":1}"}}
-    wire += translator.feed(_chunk({"tool_calls": [more]}, "tool_calls"))
+    wire += feed(translator, _chunk({"tool_calls": [more]}, "tool_calls"))
     usage = {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 4}}
-    wire += translator.feed(b"data: " + orjson.dumps(usage) + b"\n\ndata: [DONE]\n\n")
+    wire += feed(translator, b"data: " + orjson.dumps(usage) + b"\n\ndata: [DONE]\n\n")
     events = _parse(wire)
     assert [e.sequence_number for e in events] == list(range(len(events)))
     kinds = [e.type for e in events]
@@ -75,26 +82,27 @@ def test_a_stream_of_reasoning_text_and_calls_is_the_sdks_event_sequence() -> No
     assert state._completed_response is not None
     assert state._completed_response.output_text == "Hello"
     assert translator.phase is Phase.ENDED
-    assert translator.feed(_chunk({"content": "late"})) == b""
+    assert feed(translator, _chunk({"content": "late"})) == b""
 
 
 def test_a_broken_stream_ends_with_response_failed_and_before_start_with_error() -> None:
     translator = ResponseStream({"model": "m"}, "resp_4", 9, "m")
-    wire = translator.feed(_chunk({"content": "par"}))
-    wire += translator.feed(b'data: {"error":{"message":"cut","code":"stream_cut"}}\n\n')
+    wire = feed(translator, _chunk({"content": "par"}))
+    wire += translator.fail(ApiError(502, "cut", "api_error", "stream_cut"))
     events = _parse(wire)
     assert events[-1].type == "response.failed"
     assert events[-1].response.status == "failed"
     assert events[-1].response.error.message == "cut"
     assert "response.completed" not in [e.type for e in events]
     unopened = ResponseStream({"model": "m"}, "resp_5", 9, "m")
-    (error,) = _parse(unopened.fail("no deployment could answer", "upstream_error"))
+    failure = ApiError(502, "no deployment could answer", "api_error", "upstream_error")
+    (error,) = _parse(unopened.fail(failure))
     assert error.type == "error" and error.code == "upstream_error"
 
 
 def test_a_stream_cut_by_max_tokens_is_incomplete() -> None:
     translator = ResponseStream({"model": "m"}, "resp_6", 9, "m")
-    wire = translator.feed(_chunk({"content": "par"}, "length") + b"data: [DONE]\n\n")
+    wire = feed(translator, _chunk({"content": "par"}, "length") + b"data: [DONE]\n\n")
     events = _parse(wire)
     assert events[-1].type == "response.incomplete"
     assert events[-1].response.incomplete_details.reason == "max_output_tokens"
@@ -102,8 +110,8 @@ def test_a_stream_cut_by_max_tokens_is_incomplete() -> None:
 
 def test_a_streamed_refusal_is_a_refusal_part() -> None:
     translator = ResponseStream({"model": "m"}, "resp_7", 9, "m")
-    wire = translator.feed(_chunk({"refusal": "I can"}) + _chunk({"refusal": "not."}, "stop"))
-    events = _parse(wire + translator.feed(b"data: [DONE]\n\n"))
+    wire = feed(translator, _chunk({"refusal": "I can"}) + _chunk({"refusal": "not."}, "stop"))
+    events = _parse(wire + feed(translator, b"data: [DONE]\n\n"))
     kinds = [e.type for e in events]
     assert kinds.count("response.refusal.delta") == 2 and "response.refusal.done" in kinds
     (message,) = events[-1].response.output

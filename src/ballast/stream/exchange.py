@@ -1,6 +1,12 @@
 """One attempt's stream from one deployment, guarded by two clocks (time to first token, gap
-between chunks). Every failure leaves here as a classified Failure. A whole answer is
-answer.py's; a whole answer read as a stream is collect.py's."""
+between chunks), its events typed as they are split and read once by the stream's state.
+Every failure leaves here as a classified Failure. A whole answer is upstream/answer.py's; a
+whole answer read as a stream is collect.py's.
+
+It lives above the transport because its clocks read what the events mean: the first token
+is the first event with model output, and a stream ends at `[DONE]` or a Responses terminal
+event. The transport below it hands it raw bytes and a provider's decoder; it hands typed
+events up."""
 
 from __future__ import annotations
 
@@ -13,11 +19,13 @@ from ballast.resilience import failures
 from ballast.resilience.clock import Clock
 from ballast.resilience.deadline import Watchdog
 from ballast.resilience.failures import Failure
+from ballast.stream.event import DONE_EVENT, NOT_JSON, StreamEvent, read
+from ballast.stream.state import StreamState
 from ballast.upstream.answer import answer_head
 from ballast.upstream.client import Route, Upstream, relay_headers
 from ballast.upstream.http1 import HttpError, Response
 from ballast.upstream.provider_wire import Decoder, Wire
-from ballast.upstream.sse import DONE, EventTooLarge, SseSplitter, StreamState, event_data
+from ballast.upstream.sse import EventTooLarge, SseSplitter
 
 # Buffered bytes of an event stream at which its socket stops being read. A stream's reader
 # relays what it takes at once, so this (with one socket read) is what a stream whose client
@@ -25,13 +33,10 @@ from ballast.upstream.sse import DONE, EventTooLarge, SseSplitter, StreamState, 
 STREAM_HIGH_WATER = 32 * 1024
 
 
-_UNREAD = object()  # an event not parsed yet
-
-
 class UpstreamStream:
-    """An open upstream stream. `next_events` yields relayable events (each with its blank-line
-    terminator) and raises a Failure on a stall, a cut, a reset or an in-band error. A
-    provider's `decoder` turns its own stream into chat events; the default splits SSE."""
+    """An open upstream stream. `next_events` yields relayable typed events and raises a
+    Failure on a stall, a cut, a reset or an in-band error. A provider's `decoder` turns its
+    own stream into chat events; the default splits SSE."""
 
     def __init__(
         self,
@@ -56,8 +61,8 @@ class UpstreamStream:
         self._failure: Failure | None = None
         self.until = math.inf  # monotonic: the attempt's deadline bounds the whole stream
         self._alive = False  # the last chunk completed an event (the upstream is alive)
-        self._forward: Callable[[list[bytes]], bool] | None = None  # while pumping
-        self._pumped: list[bytes] | BaseException | None = None  # why the pump stopped
+        self._forward: Callable[[list[StreamEvent]], bool] | None = None  # while pumping
+        self._pumped: list[StreamEvent] | BaseException | None = None  # why the pump stopped
 
     @property
     def exhausted(self) -> bool:
@@ -68,7 +73,7 @@ class UpstreamStream:
         """The upstream's response headers a client may see."""
         return relay_headers(self.response)
 
-    async def next_events(self, deadline: float | None = None) -> list[bytes]:
+    async def next_events(self, deadline: float | None = None) -> list[StreamEvent]:
         """Read until at least one data event is ready; [] once the stream has ended properly.
         The wait for it runs on one clock: the inter-chunk timeout, restarted by every event
         (a comment too: the upstream is alive), or `deadline` (the clock's monotonic time)
@@ -80,7 +85,7 @@ class UpstreamStream:
             return []
         content = self.response
         fixed = deadline is not None
-        out: list[bytes] = []
+        out: list[StreamEvent] = []
         while not out:
             try:
                 # Data already buffered needs no clock; waiting for more runs on one.
@@ -104,7 +109,7 @@ class UpstreamStream:
                 return out
         return out
 
-    async def pump(self, forward: Callable[[list[bytes]], bool]) -> list[bytes]:
+    async def pump(self, forward: Callable[[list[StreamEvent]], bool]) -> list[StreamEvent]:
         """`next_events` for a relay that can write to its client at once: each chunk's
         events go to `forward` from the connection's callback as they arrive, so neither a
         task nor a coroutine runs per chunk; the inter-chunk clock moves with one clock read
@@ -152,16 +157,16 @@ class UpstreamStream:
         except Exception as error:  # a Failure, or a fault of ours: the task's to raise
             self._stop(error)
 
-    def _forward_now(self, events: list[bytes]) -> bool:
+    def _forward_now(self, events: list[StreamEvent]) -> bool:
         forward = self._forward
         return forward is not None and forward(events)
 
-    def _stop(self, result: list[bytes] | BaseException) -> None:
+    def _stop(self, result: list[StreamEvent] | BaseException) -> None:
         self.response.consumer = None
         self._pumped = result
         self.response.wake()
 
-    def _events_of(self, chunk: bytes) -> list[bytes]:
+    def _events_of(self, chunk: bytes) -> list[StreamEvent]:
         """The whole events of `chunk` a client may see (the rest waits in the splitter);
         `_alive` notes that an event, of any kind, completed. An in-band error raises if no
         event came before it; otherwise it waits in `_failure`, for the next read."""
@@ -178,7 +183,7 @@ class UpstreamStream:
         except Failure as failure:  # a provider's in-band error
             failure.deployment = self.upstream.id
             raise
-        out: list[bytes] = []
+        out: list[StreamEvent] = []
         if events:
             self._alive = True
         for event in events:
@@ -191,8 +196,8 @@ class UpstreamStream:
                 # state already counts it as sent.
                 self._failure = failure
                 return out
-            if taken:
-                out.append(event + b"\n\n")
+            if taken is not None:
+                out.append(taken)
             if self.state.done:
                 self._eof = True
                 return out
@@ -219,46 +224,46 @@ class UpstreamStream:
             deployment=self.upstream.id,
         )
 
-    def _take(self, event: bytes) -> bool:
-        """Record one event; False for events that must not reach the client. Runs for every
-        event of every stream, so the usual one-line `data: {...}` event is parsed at once;
-        anything else (several lines, comments, other fields) takes the careful path."""
+    def _take(self, event: bytes) -> StreamEvent | None:
+        """One event, typed and read by the stream's state (the one parse of its data); None
+        for an event that must not reach the client (a comment, a malformed chunk). Runs for
+        every event of every stream: the usual one-line `data: {...}` is parsed at once, and
+        only what that parse refuses takes the careful path, line by line."""
         state = self.state
+        taken = None
         if event.startswith(b"data:"):
             data = event[5:]  # JSON may keep its leading space
             if len(data) < 16 and data.strip() == b"[DONE]":
                 state.done = True
-                return True
+                return StreamEvent(event + b"\n\n", data, None, NOT_JSON)
             try:
                 payload = orjson.loads(data)
             except orjson.JSONDecodeError:
-                payload = _UNREAD
-        else:
-            payload = _UNREAD
-        if payload is _UNREAD:
-            found = event_data(event)
-            if found is None:
-                return False
-            data = found
-            if data.strip() == b"[DONE]":
-                state.done = True
-                return True
-            try:
-                payload = orjson.loads(data)
-            except orjson.JSONDecodeError:
+                pass  # several lines, or not JSON: read below
+            else:
+                taken = StreamEvent(event + b"\n\n", data, None, payload)
+        if taken is None:
+            taken = read(event)
+            payload = taken.json
+            if payload is NOT_JSON:
+                if taken.data is None:
+                    return None
+                if taken.done:
+                    state.done = True
+                    return taken
                 state.malformed += 1
-                return False
+                return None
         if type(payload) is dict and "error" in payload and "choices" not in payload:
             raise Failure(
                 failures.SERVER_ERROR,
                 "upstream sent an error event mid-stream",
-                body=data.strip(),
+                body=(taken.data or b"").strip(),
                 deployment=self.upstream.id,
             )
         state.observe(payload)
-        return True
+        return taken
 
-    def _finish(self, out: list[bytes]) -> list[bytes]:
+    def _finish(self, out: list[StreamEvent]) -> list[StreamEvent]:
         self._eof = True
         try:
             rest = self._splitter.finish()
@@ -266,14 +271,15 @@ class UpstreamStream:
             failure.deployment = self.upstream.id
             raise
         for event in rest:
-            if self._take(event):
-                out.append(event + b"\n\n")
+            taken = self._take(event)
+            if taken is not None:
+                out.append(taken)
         if self.state.done:
             return out
         if self.state.finished:
             # A complete answer without [DONE]: finish it for the client at once.
             self.state.done = True
-            out.append(DONE + b"\n\n")
+            out.append(DONE_EVENT)
             return out
         raise Failure(
             failures.STREAM_CUT,
@@ -302,7 +308,7 @@ async def open_stream(
     route: Route | None = None,
     until: float = math.inf,
     wire: Wire | None = None,
-) -> tuple[UpstreamStream, list[bytes]]:
+) -> tuple[UpstreamStream, list[StreamEvent]]:
     """Open a stream and wait for its first token (or its end) within `first_token`.
     Events before the first token (the role chunk) are held back and returned with it, so a
     silent upstream can still be replaced before the client has seen a byte. `until`
@@ -328,7 +334,7 @@ async def open_stream(
         None if wire is None else wire.decoder(upstream.max_event_bytes),
     )
     stream.until = until
-    held: list[bytes] = []
+    held: list[StreamEvent] = []
     try:
         while True:
             events = await stream.next_events(deadline)

@@ -12,8 +12,9 @@ import pytest
 from ballast.resilience import failures
 from ballast.resilience.clock import ManualClock
 from ballast.resilience.failures import Failure
+from ballast.stream.event import StreamEvent, raw
+from ballast.stream.exchange import UpstreamStream, open_stream
 from ballast.upstream.client import Upstream
-from ballast.upstream.exchange import UpstreamStream, open_stream
 from tests.unit.resilience.test_clock import (
     ROLE,
     SSE_HEAD,
@@ -62,8 +63,8 @@ class Client:
         self.room = room
         self.events: list[bytes] = []
 
-    def forward(self, events: list[bytes]) -> bool:
-        self.events.extend(events)
+    def forward(self, events: list[StreamEvent]) -> bool:
+        self.events.extend(e.raw for e in events)
         return self.room
 
 
@@ -89,7 +90,7 @@ async def test_events_go_on_from_the_callback_and_the_last_ones_come_back(
     await feed.send(text(" there"), text(" you"), DONE)
     last = await asyncio.wait_for(pump, 2.0)
     stream.close()
-    assert last == [b"data: [DONE]\n\n"]
+    assert raw(last) == b"data: [DONE]\n\n"
     assert len(client.events) == 2 and b" you" in client.events[1]
     assert stream.state.content == "Hi there you"
     assert stream.state.done
@@ -110,7 +111,7 @@ async def test_a_full_client_buffer_stops_the_pump_and_the_rest_waits_for_the_ne
     rest = await asyncio.wait_for(stream.pump(client.forward), 2.0)
     stream.close()
     assert len(client.events) == 1 and b" there" in client.events[0]
-    assert b"".join(rest).endswith(b"data: [DONE]\n\n")
+    assert raw(rest).endswith(b"data: [DONE]\n\n")
     assert stream.state.content == "Hi there you"
 
 

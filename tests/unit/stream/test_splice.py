@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from ballast.pipeline.splice import Diverged, Sent, Splice
+from ballast.stream.event import read
+from ballast.stream.splice import Diverged, Sent, Splice
 
 
 def chunk(content: str | None = None, finish: str | None = None, role: bool = False) -> bytes:
@@ -28,34 +29,40 @@ def content(event: bytes | None) -> str | None:
     return payload["choices"][0]["delta"].get("content")  # type: ignore[no-any-return]
 
 
+def apply(splice: Splice, event: bytes) -> bytes | None:
+    """`splice.apply` to a relayed event; the bytes the client gets, or None."""
+    kept = splice.apply(read(event.rstrip(b"\n")))
+    return None if kept is None else kept.raw
+
+
 def test_regeneration_drops_what_the_client_has_and_relays_the_rest() -> None:
     splice = Splice(Sent("tok0 tok1 "), regenerate=True)
-    assert splice.apply(chunk("", role=True)) is None
-    assert splice.apply(chunk("tok0 ")) is None
-    assert content(splice.apply(chunk("tok1 tok2 "))) == "tok2 "
-    assert content(splice.apply(chunk("tok3 "))) == "tok3 "
-    assert splice.apply(chunk(finish="stop")) is not None
-    assert splice.apply(b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
+    assert apply(splice, chunk("", role=True)) is None
+    assert apply(splice, chunk("tok0 ")) is None
+    assert content(apply(splice, chunk("tok1 tok2 "))) == "tok2 "
+    assert content(apply(splice, chunk("tok3 "))) == "tok3 "
+    assert apply(splice, chunk(finish="stop")) is not None
+    assert apply(splice, b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
 
 
 def test_prefill_continuation_only_loses_its_role() -> None:
     splice = Splice(Sent("tok0 tok1 "), regenerate=False)
-    assert splice.apply(chunk("", role=True)) is None
-    assert content(splice.apply(chunk("tok2 "))) == "tok2 "
+    assert apply(splice, chunk("", role=True)) is None
+    assert content(apply(splice, chunk("tok2 "))) == "tok2 "
 
 
 def test_a_different_regenerated_answer_diverges() -> None:
     splice = Splice(Sent("tok0 tok1 "), regenerate=True)
     with pytest.raises(Diverged):
-        splice.apply(chunk("other "))
+        apply(splice, chunk("other "))
 
 
 @pytest.mark.parametrize("end", [chunk(finish="stop"), b"data: [DONE]\n\n"])
 def test_a_regenerated_answer_that_ends_early_diverges(end: bytes) -> None:
     splice = Splice(Sent("tok0 tok1 tok2 "), regenerate=True)
-    assert splice.apply(chunk("tok0 ")) is None
+    assert apply(splice, chunk("tok0 ")) is None
     with pytest.raises(Diverged):
-        splice.apply(end)
+        apply(splice, end)
 
 
 def tool_chunk(
@@ -79,11 +86,11 @@ def calls_of(event: bytes | None) -> Any:
 def test_a_regenerated_tool_call_relays_only_the_rest_of_its_arguments() -> None:
     sent = Sent(tools={0: ("lookup", '{"q": "tok0 ')})
     splice = Splice(sent, regenerate=True)
-    assert splice.apply(tool_chunk('{"q": ', name="lookup", call_id="call_new")) is None
-    assert calls_of(splice.apply(tool_chunk('"tok0 tok1 '))) == [
+    assert apply(splice, tool_chunk('{"q": ', name="lookup", call_id="call_new")) is None
+    assert calls_of(apply(splice, tool_chunk('"tok0 tok1 '))) == [
         {"index": 0, "function": {"arguments": "tok1 "}}
     ]
-    assert splice.apply(tool_chunk('"}', finish="tool_calls")) is not None
+    assert apply(splice, tool_chunk('"}', finish="tool_calls")) is not None
 
 
 @pytest.mark.parametrize(
@@ -96,14 +103,14 @@ def test_a_regenerated_tool_call_relays_only_the_rest_of_its_arguments() -> None
 def test_a_regenerated_tool_call_that_differs_diverges(other: bytes) -> None:
     splice = Splice(Sent(tools={0: ("lookup", '{"q": "tok0 ')}), regenerate=True)
     with pytest.raises(Diverged):
-        splice.apply(other)
+        apply(splice, other)
 
 
 def test_a_tool_call_that_ends_before_the_clients_arguments_diverges() -> None:
     splice = Splice(Sent(tools={0: ("lookup", '{"q": "tok0 tok1 ')}), regenerate=True)
-    assert splice.apply(tool_chunk('{"q": "tok0 ', name="lookup", call_id="c")) is None
+    assert apply(splice, tool_chunk('{"q": "tok0 ', name="lookup", call_id="c")) is None
     with pytest.raises(Diverged):
-        splice.apply(tool_chunk("", finish="tool_calls"))
+        apply(splice, tool_chunk("", finish="tool_calls"))
 
 
 @pytest.mark.parametrize(
@@ -118,4 +125,14 @@ def test_a_tool_call_that_ends_before_the_clients_arguments_diverges() -> None:
 def test_odd_chunk_shapes_pass_or_diverge_but_never_raise_anything_else(event: bytes) -> None:
     splice = Splice(Sent("tok0 "), regenerate=True)
     with contextlib.suppress(Diverged):
-        splice.apply(event)
+        apply(splice, event)
+
+
+def test_a_splice_leaves_the_event_it_read_as_it_was() -> None:
+    # The relay checks a continuation's first events with one splice, then relays them
+    # through another: the payload every reader shares must not be cut by the first.
+    event = read(chunk("tok0 tok1 tok2 ", role=True).rstrip(b"\n"))
+    for _ in range(2):
+        kept = Splice(Sent("tok0 tok1 "), regenerate=True).apply(event)
+        assert kept is not None and content(kept.raw) == "tok2 "
+    assert event.json["choices"][0]["delta"] == {"role": "assistant", "content": "tok0 tok1 tok2 "}

@@ -9,10 +9,12 @@ import orjson
 
 from ballast.resilience import failures
 from ballast.resilience.clock import Clock
+from ballast.resilience.deadline import Watchdog
 from ballast.resilience.failures import Failure
+from ballast.stream.event import StreamEvent
+from ballast.stream.exchange import UpstreamStream
 from ballast.upstream.answer import Reply, answer_head, reply_of, too_large
 from ballast.upstream.client import Route, Upstream
-from ballast.upstream.exchange import UpstreamStream
 from ballast.upstream.http1 import HttpError, Response, TooLarge
 from ballast.upstream.provider_wire import Wire
 
@@ -22,7 +24,7 @@ async def collect(
     path: str,
     body: bytes,
     clock: Clock,
-    assemble: Callable[[list[bytes]], bytes | None],
+    assemble: Callable[[list[StreamEvent]], bytes | None],
     request_id: str | None = None,
     route: Route | None = None,
     until: float = math.inf,
@@ -40,24 +42,9 @@ async def collect(
     )
     stream_type = b"text/event-stream" if wire is None else wire.stream_type.encode()
     if not _is_stream(response, stream_type):
-        try:
-            # The stream's one timer guards the whole answer's read instead.
-            with watchdog.until(min(until, now + upstream.timeouts.answer)):
-                data = await response.read(max_size=upstream.answer_limit(path))
-        except TooLarge:
-            raise too_large(upstream, path) from None
-        except TimeoutError:
-            raise Failure(
-                failures.REQUEST_TIMEOUT, "no complete answer in time", deployment=upstream.id
-            ) from None
-        except HttpError:
-            raise Failure(
-                failures.RESET, "connection lost while reading the answer", deployment=upstream.id
-            ) from None
-        finally:
-            watchdog.close()
-            response.release()
-        return reply_of(response, data, upstream, wire)
+        return await _whole(
+            response, watchdog, upstream, path, min(until, now + upstream.timeouts.answer), wire
+        )
     stream = UpstreamStream(
         upstream,
         response,
@@ -66,19 +53,10 @@ async def collect(
         None if wire is None else wire.decoder(upstream.max_event_bytes),
     )
     stream.until = until
-    events: list[bytes] = []
-    size, limit = 0, upstream.answer_limit(path)
     try:
-        state = stream.state
-        while not (state.output or state.finished or stream.exhausted):
-            events.extend(await stream.next_events(first))
-        while not stream.exhausted:
-            more = await stream.next_events()
-            events.extend(more)
-            size += sum(map(len, more))
-            if size > limit:
-                events.clear()
-                raise too_large(upstream, path)
+        events = await _read(stream, first, upstream.answer_limit(path))
+    except TooLarge:
+        raise too_large(upstream, path) from None
     finally:
         stream.close()
     assembled = assemble(events)
@@ -87,6 +65,53 @@ async def collect(
             failures.BAD_RESPONSE, "a streamed answer that does not add up", deployment=upstream.id
         )
     return Reply(200, stream.headers, assembled, orjson.loads(assembled))
+
+
+async def _whole(
+    response: Response,
+    watchdog: Watchdog,
+    upstream: Upstream,
+    path: str,
+    deadline: float,
+    wire: Wire | None,
+) -> Reply:
+    """An answer that came whole though a stream was asked for, read by `deadline`."""
+    try:
+        # The stream's one timer guards the whole answer's read instead.
+        with watchdog.until(deadline):
+            data = await response.read(max_size=upstream.answer_limit(path))
+    except TooLarge:
+        raise too_large(upstream, path) from None
+    except TimeoutError:
+        raise Failure(
+            failures.REQUEST_TIMEOUT, "no complete answer in time", deployment=upstream.id
+        ) from None
+    except HttpError:
+        raise Failure(
+            failures.RESET, "connection lost while reading the answer", deployment=upstream.id
+        ) from None
+    finally:
+        watchdog.close()
+        response.release()
+    return reply_of(response, data, upstream, wire)
+
+
+async def _read(stream: UpstreamStream, first: float, limit: int) -> list[StreamEvent]:
+    """Every event of the stream, the first token by `first` (monotonic); TooLarge past
+    `limit` bytes."""
+    events: list[StreamEvent] = []
+    size = 0
+    state = stream.state
+    while not (state.output or state.finished or stream.exhausted):
+        events.extend(await stream.next_events(first))
+    while not stream.exhausted:
+        more = await stream.next_events()
+        events.extend(more)
+        size += sum([len(e.raw) for e in more])
+        if size > limit:
+            events.clear()
+            raise TooLarge(f"a streamed answer past {limit} bytes")
+    return events
 
 
 def _is_stream(response: Response, stream_type: bytes) -> bool:

@@ -8,12 +8,12 @@ stream ends with an error event rather than a corrupted or truncated answer."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from ballast.upstream.sse import REASONING_FIELDS, StreamState, event_data
+from ballast.stream.event import NOT_JSON, StreamEvent
+from ballast.stream.state import REASONING_FIELDS, StreamState
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,22 +56,23 @@ class Splice:
         self._matched: dict[Any, int] = {}  # how much of each field has been seen again
         self._names: dict[int, str] = {}  # tool call names as the new stream gives them
 
-    def apply(self, event: bytes) -> bytes | None:
+    def apply(self, event: StreamEvent) -> StreamEvent | None:
         """The event as the client should get it, or None to drop it. Raises Diverged."""
-        data = event_data(event.rstrip(b"\n"))
-        if data is None:
+        if event.data is None:
             return event
-        if data == b"[DONE]":
+        if event.done:
             if self._short():
                 raise Diverged  # the new answer ended before reaching the client's
             return event
-        try:
-            payload = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise Diverged from None
+        payload = event.json
+        if payload is NOT_JSON:
+            raise Diverged
         choices = payload.get("choices") if isinstance(payload, dict) else None
         if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
             return event
+        # The event's payload is shared with whatever read it before: cut a copy of it.
+        payload = copy.deepcopy(payload)
+        choices = payload["choices"]
         choice = choices[0]
         delta = choice.get("delta")
         if isinstance(delta, dict):
@@ -86,9 +87,9 @@ class Splice:
             raise Diverged  # a shorter answer: it never got to what the client has
         if not said and not choice.get("finish_reason") and not payload.get("usage"):
             return None
-        return b"data: " + orjson.dumps(payload) + b"\n\n"
+        return StreamEvent.of(payload)
 
-    def apply_all(self, events: list[bytes]) -> list[bytes]:
+    def apply_all(self, events: list[StreamEvent]) -> list[StreamEvent]:
         """`apply` to each event in turn; the events the client should get."""
         out = []
         for event in events:
