@@ -49,16 +49,21 @@ def _gone(port: int) -> float:
 
 def _counter(port: int, name: str, label: str = "") -> float:
     """The sum of a counter's samples that carry `label` (all when empty)."""
+    total = 0.0
+    for line in _samples(port, name + "{"):
+        if label in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _samples(port: int, prefix: str) -> list[str]:
+    """The metric lines that start with `prefix` (labels included: a failure shows why)."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
-    total = 0.0
-    for line in data.decode().splitlines():
-        if line.startswith(name + "{") and label in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return [line for line in data.decode().splitlines() if line.startswith(prefix)]
 
 
 def test_clients_that_stop_reading_cost_bounded_memory_and_never_keep_the_pool(
@@ -81,7 +86,7 @@ def test_clients_that_stop_reading_cost_bounded_memory_and_never_keep_the_pool(
         status, body = post(url, short)
         assert status == 200, body[:300]
         # While Ballast waited for the clients, no clock blamed the upstream.
-        assert _counter(port, "ballast_failovers_total") == 0
+        assert _counter(port, "ballast_failovers_total") == 0, _samples(port, "ballast_failovers")
         # A stalled stream holds a few buffers (the client's unsent bytes, the upstream's
         # unread ones; a fast upstream fills both), and at most POOL stall at once (the rest
         # wait their turn at the pool): before, 100 such streams took 657 MB,
