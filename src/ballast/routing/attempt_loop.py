@@ -253,7 +253,12 @@ class AttemptLoop:
                     if action is Action.FAILOVER:
                         attempts.excluded.add(target.id)
                     self.on_event(
-                        "failover", {"deployment": target.id, "reason": failure.kind.label}
+                        "failover",
+                        {
+                            "deployment": target.id,
+                            "reason": failure.kind.label,
+                            "detail": failure.message,
+                        },
                     )
             if not tried_this_round:
                 raise _GroupExhausted
