@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import orjson
-
 from ballast.config import AnthropicOptions, Deployment
 from ballast.providers.anthropic_request import Untranslatable, messages_request
 from ballast.providers.anthropic_wire import AnthropicWire
-from ballast.providers.base import Adapter, AdapterContext, Capabilities, OutboundCall
+from ballast.providers.base import AdapterContext, Capabilities, OutboundCall
+from ballast.providers.native import NativeAdapter
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.upstream.client import Upstream
@@ -27,7 +26,7 @@ def _thinks(payload: dict[str, Any]) -> bool:
     return isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled")
 
 
-class AnthropicAdapter(Adapter):
+class AnthropicAdapter(NativeAdapter):
     name: ClassVar[str] = "anthropic"
 
     def __init__(self, deployment: Deployment, upstream: Upstream, context: AdapterContext):
@@ -45,30 +44,21 @@ class AnthropicAdapter(Adapter):
         # Deployment URLs are written as the API's root, with or without its /v1.
         self._target = "/messages" if deployment.url.endswith("/v1") else "/v1/messages"
 
-    def body(self, call: OutboundCall, model: str, prefill: str | None = None) -> bytes:
-        if call.path != "/chat/completions":
-            raise Failure(
-                failures.UNSUPPORTED,
-                f"an Anthropic deployment answers chat completions, not {call.path}",
-                deployment=self.upstream.id,
-            )
-        payload = call.payload
-        if call.edits:
-            payload = dict(payload)
-            for key, value in call.edits.items():
-                if value is None:
-                    payload.pop(key, None)
-                else:
-                    payload[key] = value
-        if prefill is not None and _thinks(payload):
-            prefill = None  # see `continues`
+    def translate(self, payload: dict[str, Any], model: str) -> dict[str, Any]:
         try:
-            request = messages_request(
-                payload, self.upstream_model(model), self.options.max_tokens, prefill
-            )
+            return messages_request(payload, model, self.options.max_tokens)
         except Untranslatable as exc:
-            raise Failure(failures.UNSUPPORTED, str(exc), deployment=self.upstream.id) from None
-        return orjson.dumps(request)
+            raise Failure(failures.UNSUPPORTED, str(exc)) from None
+
+    def apply_prefill(self, call: OutboundCall, payload: dict[str, Any], text: str) -> None:
+        """The text as a final assistant turn (Messages refuses one that ends in white space:
+        the answer's own white space comes back, see the wire's `trim`); none with extended
+        thinking on (see `continues`)."""
+        if text and not _thinks(payload) and isinstance(payload.get("messages"), list):
+            payload["messages"] = [
+                *payload["messages"],
+                {"role": "assistant", "content": text.rstrip()},
+            ]
 
     def wire(
         self,
@@ -95,13 +85,15 @@ class AnthropicAdapter(Adapter):
     def probe_wire(self, method: str, path: str, body: bytes | None) -> Wire:
         return Wire(self._target, self._headers)
 
+    def probe_path(self, model: str) -> str:
+        return self._target
+
+    def probe_body(self) -> dict[str, Any]:
+        return {"model": self.deployment.model, "max_tokens": 1, "messages": [_PING]}
+
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
         """A one-token message when the deployment names its model, else the model list."""
-        kind = self.deployment.probe
-        if kind == "none":
-            return None
-        model = self.deployment.model
-        if kind in ("completion", "auto") and model is not None and model != "*":
-            body = {"model": model, "max_tokens": 1, "messages": [_PING]}
-            return "POST", self._target, body
+        probe = super().probe_request()
+        if probe is not None or self.deployment.probe == "none":
+            return probe
         return "GET", self._target.replace("/messages", "/models"), None

@@ -18,11 +18,9 @@ class Untranslatable(ValueError):
     """A request Messages cannot express; the message names what."""
 
 
-def messages_request(
-    payload: dict[str, Any], model: str, max_tokens: int, prefill: str | None
-) -> dict[str, Any]:
-    """The Messages body for a chat request (with its edits applied) and an optional
-    assistant prefill the answer must go on from."""
+def messages_request(payload: dict[str, Any], model: str, max_tokens: int) -> dict[str, Any]:
+    """The Messages body for a chat request (with its edits and any assistant prefill the
+    answer must go on from applied)."""
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise Untranslatable("messages must be a non-empty list")
@@ -44,8 +42,6 @@ def messages_request(
             _add(turns, "user", [_tool_result(message)])
         else:
             raise Untranslatable(f"unknown message role {role!r}")
-    if prefill:
-        _add(turns, "assistant", [{"type": "text", "text": prefill.rstrip()}])
     out: dict[str, Any] = {"model": model, "messages": turns}
     limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
     out["max_tokens"] = limit if isinstance(limit, int) and limit > 0 else max_tokens

@@ -44,6 +44,8 @@ class OutboundCall(Protocol):
     def edits(self) -> dict[str, Any]: ...  # outgoing changes; a value of None removes a key
     @property
     def credential(self) -> str: ...
+    @property
+    def request_id(self) -> str | None: ...  # passed on to the deployment
 
 
 class EditedCall:
@@ -75,6 +77,10 @@ class EditedCall:
     @property
     def credential(self) -> str:
         return self._call.credential
+
+    @property
+    def request_id(self) -> str | None:
+        return self._call.request_id
 
 
 class SessionSource(Protocol):
@@ -129,12 +135,7 @@ class Adapter:
             spliced = _added(call.raw, call.payload, call.edits)
             if spliced is not None:
                 return spliced
-        payload = dict(call.payload)
-        for key, value in call.edits.items():
-            if value is None:
-                payload.pop(key, None)
-            else:
-                payload[key] = value
+        payload = edited(call)
         payload["model"] = upstream_model
         if prefill is not None:
             self.apply_prefill(call, payload, prefill)
@@ -193,6 +194,18 @@ class Adapter:
             body = {"model": model, "messages": [{"role": "user", "content": "ping"}]}
             return "POST", "/chat/completions", {**body, "max_tokens": 1}
         return "GET", "/models", None
+
+
+def edited(call: OutboundCall) -> dict[str, Any]:
+    """A copy of the client's payload with the call's edits applied (a value of None
+    removes its key): the one place edits are applied, whatever the provider's format."""
+    payload = dict(call.payload)
+    for key, value in call.edits.items():
+        if value is None:
+            payload.pop(key, None)
+        else:
+            payload[key] = value
+    return payload
 
 
 def _added(raw: bytes, payload: dict[str, Any], edits: dict[str, Any]) -> bytes | None:

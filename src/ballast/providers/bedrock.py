@@ -130,7 +130,7 @@ class BedrockAdapter(NativeAdapter):
                 raise LookupError("the AWS credential chain found none")
         return credentials, credentials.get_frozen_credentials()
 
-    def translate(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def translate(self, payload: dict[str, Any], model: str) -> dict[str, Any]:
         return converse_body(payload)
 
     def probe_path(self, model: str) -> str:

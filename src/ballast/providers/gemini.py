@@ -84,7 +84,7 @@ class GeminiAdapter(NativeAdapter):
         key = deployment.api_key.get_secret_value() if deployment.api_key is not None else ""
         self._auth = f"x-goog-api-key: {key}\r\n".encode("latin-1") if key else b""
 
-    def translate(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def translate(self, payload: dict[str, Any], model: str) -> dict[str, Any]:
         return gemini_body(payload)
 
     def probe_path(self, model: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 import ballast.providers.chat_shapes as cs
-from ballast.providers.base import Adapter, OutboundCall
+from ballast.providers.base import Adapter, OutboundCall, edited
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.upstream.provider_wire import Wire
@@ -23,27 +23,23 @@ Chunks = list[dict[str, Any]]
 
 
 class NativeAdapter(Adapter, ABC):
-    """Base of the Gemini, Vertex and Bedrock adapters: subclasses say `translate` (chat
-    payload -> provider body) and build their Wire."""
+    """Base of the Anthropic, Gemini, Vertex and Bedrock adapters: subclasses say
+    `translate` (chat payload -> provider body) and build their Wire."""
 
     @abstractmethod
-    def translate(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The chat payload (edits applied) as the provider's request body."""
+    def translate(self, payload: dict[str, Any], model: str) -> dict[str, Any]:
+        """The chat payload (edits and any prefill applied) as the provider's request body;
+        `model` is the name the deployment knows the model by."""
 
     def body(self, call: OutboundCall, model: str, prefill: str | None = None) -> bytes:
         if call.path != "/chat/completions":
             raise cs.unsupported(
                 f"a {self.name} deployment answers chat completions, not {call.path}"
             )
-        payload = dict(call.payload)
-        for key, value in call.edits.items():
-            if value is None:
-                payload.pop(key, None)
-            else:
-                payload[key] = value
+        payload = edited(call)
         if prefill is not None:
             self.apply_prefill(call, payload, prefill)
-        return orjson.dumps(self.translate(payload))
+        return orjson.dumps(self.translate(payload, self.upstream_model(model)))
 
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
         """A one-token request in the provider's own wire, when the deployment names its

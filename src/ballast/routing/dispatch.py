@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol, TypeVar
 
 from ballast.config import ModelGroup
@@ -22,16 +23,13 @@ from ballast.stream.collect import collect
 from ballast.stream.event import StreamEvent
 from ballast.stream.exchange import UpstreamStream, open_stream
 from ballast.upstream.answer import Reply, fetch
-from ballast.upstream.client import Route
+from ballast.upstream.client import Route, UpstreamRequest
 
 T = TypeVar("T")
 
 
 class Call(OutboundCall, Routable, Protocol):
     """A client request as dispatch needs it."""
-
-    @property
-    def request_id(self) -> str | None: ...
 
 
 def streamable(call: Call) -> bool:
@@ -54,6 +52,28 @@ def as_stream(call: Call) -> EditedCall:
         return EditedCall(call, {**call.edits, "stream": True})
     return EditedCall(
         call, {**call.edits, "stream": True, "stream_options": {"include_usage": True}}
+    )
+
+
+def request_for(
+    attempt: Attempt,
+    call: OutboundCall,
+    model: str,
+    stream: bool,
+    prefill: str | None = None,
+    until: float | None = None,
+) -> UpstreamRequest:
+    """The one place a call becomes what a deployment is sent: its adapter's body (every
+    edit applied once) and wire, bounded by the attempt's deadline unless `until` is sooner."""
+    adapter = attempt.target.adapter
+    body = adapter.body(call, model, prefill)
+    return UpstreamRequest(
+        call.path,
+        body,
+        adapter.wire(call, model, body, stream, prefill),
+        call.request_id,
+        None,
+        attempt.deadline if until is None else until,
     )
 
 
@@ -99,13 +119,14 @@ class Dispatch:
         attempts: Attempts,
         call: Call,
         model: str,
-        send: Callable[[Route | None], Awaitable[T]],
+        request: UpstreamRequest,
+        send: Callable[[UpstreamRequest], Awaitable[T]],
     ) -> Awaitable[T]:
-        """`send` through the deployment's adapter. A handle heal's second try is an attempt
-        of its own in the request's count."""
+        """`send` the request along the route the deployment's adapter gives it. A handle
+        heal's second try is an attempt of its own in the request's count."""
         adapter = attempt.target.adapter
-        if adapter.handles is None:
-            return send(None)
+        if adapter.handles is None:  # the usual case: no route to find first
+            return send(request)
         tries = 0
 
         def counted(route: Route | None) -> Awaitable[T]:
@@ -113,7 +134,7 @@ class Dispatch:
             tries += 1
             if tries > 1:
                 attempts.count += 1
-            return send(route)
+            return send(request.routed(route))
 
         return adapter.routed(call, model, counted)
 
@@ -123,72 +144,25 @@ class Dispatch:
         deployment is found out by the stream clocks and replaced, not waited for."""
         can_stream = streamable(call)
         others = len(group.deployments) > 1 or bool(group.fallbacks) or bool(call.fallbacks)
+        clock = self.clock
 
         def exchange(attempt: Attempt, model: str) -> Awaitable[Reply]:
             target = attempt.target
+            upstream = target.upstream
             if can_stream and self._as_stream(target):
-                return self._collect(attempt, attempts, call, model)
-            adapter = target.adapter
-            body = adapter.body(call, model)
-            wire = adapter.wire(call, model, body, False)
-            deadline = (
-                self._whole_answer_deadline(attempt, attempts) if others else attempt.deadline
-            )
-            if adapter.handles is None:  # the usual case: no route to find first
-                return fetch(
-                    target.upstream,
-                    call.path,
-                    body,
-                    deadline,
-                    self.clock,
-                    call.request_id,
-                    None,
-                    wire,
-                )
+                streamed = request_for(attempt, as_stream(call), model, True)
+
+                def collected(request: UpstreamRequest) -> Awaitable[Reply]:
+                    return collect(upstream, request, clock, partial(assemble, call.path))
+
+                return self._routed(attempt, attempts, call, model, streamed, collected)
+            until = self._whole_answer_deadline(attempt, attempts) if others else None
+            request = request_for(attempt, call, model, False, until=until)
             return self._routed(
-                attempt,
-                attempts,
-                call,
-                model,
-                lambda route: fetch(
-                    target.upstream,
-                    call.path,
-                    body,
-                    deadline,
-                    self.clock,
-                    call.request_id,
-                    route,
-                    wire,
-                ),
+                attempt, attempts, call, model, request, lambda r: fetch(upstream, r, clock)
             )
 
         return self.loop.run(call, group, attempts, exchange)
-
-    def _collect(
-        self, attempt: Attempt, attempts: Attempts, call: Call, model: str
-    ) -> Awaitable[Reply]:
-        target = attempt.target
-        streamed = as_stream(call)
-        body = target.adapter.body(streamed, model)
-        wire = target.adapter.wire(streamed, model, body, True)
-        path = call.path
-        return self._routed(
-            attempt,
-            attempts,
-            call,
-            model,
-            lambda route: collect(
-                target.upstream,
-                path,
-                body,
-                self.clock,
-                lambda events: assemble(path, events),
-                call.request_id,
-                route,
-                attempt.deadline,
-                wire,
-            ),
-        )
 
     async def open(
         self,
@@ -214,24 +188,10 @@ class Dispatch:
     async def _open_on(
         self, attempt: Attempt, attempts: Attempts, call: Call, model: str, prefill: str | None
     ) -> OpenStream:
-        target = attempt.target
-        body = target.adapter.body(call, model, prefill)
-        wire = target.adapter.wire(call, model, body, True, prefill)
+        upstream, clock = attempt.target.upstream, self.clock
+        request = request_for(attempt, call, model, True, prefill)
         stream, held = await self._routed(
-            attempt,
-            attempts,
-            call,
-            model,
-            lambda route: open_stream(
-                target.upstream,
-                call.path,
-                body,
-                self.clock,
-                call.request_id,
-                route,
-                attempt.deadline,
-                wire,
-            ),
+            attempt, attempts, call, model, request, lambda r: open_stream(upstream, r, clock)
         )
         attempt.first_token()
         return OpenStream(attempt, stream, held)

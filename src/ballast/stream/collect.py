@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import orjson
@@ -14,21 +13,16 @@ from ballast.resilience.failures import Failure
 from ballast.stream.event import StreamEvent
 from ballast.stream.exchange import UpstreamStream
 from ballast.upstream.answer import Reply, answer_head, reply_of, too_large
-from ballast.upstream.client import Route, Upstream
+from ballast.upstream.client import Upstream, UpstreamRequest
 from ballast.upstream.http1 import HttpError, Response, TooLarge
 from ballast.upstream.provider_wire import Wire
 
 
 async def collect(
     upstream: Upstream,
-    path: str,
-    body: bytes,
+    request: UpstreamRequest,
     clock: Clock,
     assemble: Callable[[list[StreamEvent]], bytes | None],
-    request_id: str | None = None,
-    route: Route | None = None,
-    until: float = math.inf,
-    wire: Wire | None = None,
 ) -> Reply:
     """A whole answer asked for as a stream (`body` asks for one), so the two stream clocks
     guard it: a silent or stalled upstream fails in seconds, not at the request deadline,
@@ -36,10 +30,9 @@ async def collect(
     events into the answer's body. An upstream that answers whole anyway (it ignored the
     request's `stream`) is read as `fetch` reads it, within the attempt's time."""
     now = clock.monotonic()
+    path, wire, until = request.path, request.wire, request.until
     first = min(now + upstream.timeouts.first_token, until)
-    response, watchdog = await answer_head(
-        upstream, path, body, clock, request_id, route, first, wire
-    )
+    response, watchdog = await answer_head(upstream, request, clock, first)
     stream_type = b"text/event-stream" if wire is None else wire.stream_type.encode()
     if not _is_stream(response, stream_type):
         return await _whole(

@@ -22,9 +22,9 @@ from ballast.resilience.failures import Failure
 from ballast.stream.event import DONE_EVENT, NOT_JSON, StreamEvent, read
 from ballast.stream.state import StreamState
 from ballast.upstream.answer import answer_head
-from ballast.upstream.client import Route, Upstream, relay_headers
+from ballast.upstream.client import Upstream, UpstreamRequest, relay_headers
 from ballast.upstream.http1 import HttpError, Response
-from ballast.upstream.provider_wire import Decoder, Wire
+from ballast.upstream.provider_wire import Decoder
 from ballast.upstream.sse import EventTooLarge, SseSplitter
 
 # Buffered bytes of an event stream at which its socket stops being read. A stream's reader
@@ -300,23 +300,15 @@ class UpstreamStream:
 
 
 async def open_stream(
-    upstream: Upstream,
-    path: str,
-    body: bytes,
-    clock: Clock,
-    request_id: str | None = None,
-    route: Route | None = None,
-    until: float = math.inf,
-    wire: Wire | None = None,
+    upstream: Upstream, request: UpstreamRequest, clock: Clock
 ) -> tuple[UpstreamStream, list[StreamEvent]]:
     """Open a stream and wait for its first token (or its end) within `first_token`.
     Events before the first token (the role chunk) are held back and returned with it, so a
-    silent upstream can still be replaced before the client has seen a byte. `until`
-    (monotonic) bounds the whole stream: the attempt's deadline."""
+    silent upstream can still be replaced before the client has seen a byte. The request's
+    `until` (monotonic) bounds the whole stream: the attempt's deadline."""
+    until, wire = request.until, request.wire
     deadline = min(clock.monotonic() + upstream.timeouts.first_token, until)
-    response, watchdog = await answer_head(
-        upstream, path, body, clock, request_id, route, deadline, wire
-    )
+    response, watchdog = await answer_head(upstream, request, clock, deadline)
     content_type = response.headers.get("content-type") or ""
     if ("text/event-stream" if wire is None else wire.stream_type) not in content_type:
         watchdog.close()

@@ -13,7 +13,7 @@ from ballast.resilience.clock import Clock
 from ballast.resilience.deadline import Deadline, Watchdog
 from ballast.resilience.failures import Failure
 from ballast.resilience.retry import parse_retry_after
-from ballast.upstream.client import Route, Upstream, relay_headers
+from ballast.upstream.client import Upstream, UpstreamRequest, relay_headers
 from ballast.upstream.http1 import HttpError, Response, TooLarge
 from ballast.upstream.provider_wire import Wire
 
@@ -56,25 +56,17 @@ async def _failure_from(
     )
 
 
-async def fetch(
-    upstream: Upstream,
-    path: str,
-    body: bytes,
-    deadline: float,
-    clock: Clock,
-    request_id: str | None = None,
-    route: Route | None = None,
-    wire: Wire | None = None,
-) -> Reply:
-    """A non-streaming exchange that must finish before `deadline` (monotonic); `wire`, a
-    provider's own format, else the OpenAI wire untouched."""
+async def fetch(upstream: Upstream, request: UpstreamRequest, clock: Clock) -> Reply:
+    """A non-streaming exchange that must finish before the request's `until`; its `wire`,
+    a provider's own format, else the OpenAI wire untouched."""
     now = clock.monotonic()
-    budget = min(deadline - now, upstream.timeouts.answer)
+    budget = min(request.until - now, upstream.timeouts.answer)
+    path, wire = request.path, request.wire
     if budget <= 0:
         raise Failure(failures.REQUEST_TIMEOUT, "request deadline passed", deployment=upstream.id)
     try:
         with Deadline(clock, now + budget):
-            response = await upstream.post(path, body, request_id, route, wire)
+            response = await upstream.post(request)
             if response.status >= 300:
                 raise await _failure_from(response, upstream, clock, wire)
             try:
@@ -132,21 +124,14 @@ def reply_of(response: Response, data: bytes, upstream: Upstream, wire: Wire | N
 
 
 async def answer_head(
-    upstream: Upstream,
-    path: str,
-    body: bytes,
-    clock: Clock,
-    request_id: str | None,
-    route: Route | None,
-    deadline: float,
-    wire: Wire | None = None,
+    upstream: Upstream, request: UpstreamRequest, clock: Clock, deadline: float
 ) -> tuple[Response, Watchdog]:
-    """Send a request whose answer is awaited on the first-token clock; a 2xx response with
-    the stream's one timer (a Watchdog), or the upstream's failure."""
+    """Send a request whose answer is awaited on the first-token clock, until `deadline`; a
+    2xx response with the stream's one timer (a Watchdog), or the upstream's failure."""
     watchdog = Watchdog(clock)  # the stream's one timer, from the request on
     try:
         with watchdog.until(deadline):
-            response = await upstream.post(path, body, request_id, route, wire)
+            response = await upstream.post(request)
     except TimeoutError:
         watchdog.close()
         raise Failure(
@@ -159,5 +144,5 @@ async def answer_head(
         raise
     if response.status >= 300:
         watchdog.close()
-        raise await _failure_from(response, upstream, clock, wire)
+        raise await _failure_from(response, upstream, clock, request.wire)
     return response, watchdog

@@ -4,7 +4,9 @@ bulkhead: a slow upstream exhausts only its own connections), opened at start-up
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
 import os
 from typing import Any, NamedTuple
 
@@ -81,6 +83,25 @@ class Route(NamedTuple):
 
     base_url: str
     token: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UpstreamRequest:
+    """One attempt's request, as dispatch builds it once from the deployment's adapter:
+    the client's `path`, the `body` the deployment is sent, the provider's `wire` (None:
+    OpenAI's, untouched), the request id passed on, the `route` of a per-run endpoint, and
+    `until` (monotonic), the attempt's deadline."""
+
+    path: str
+    body: bytes
+    wire: Wire | None = None
+    request_id: str | None = None
+    route: Route | None = None
+    until: float = math.inf
+
+    def routed(self, route: Route | None) -> UpstreamRequest:
+        """The same request sent along `route`."""
+        return self if route is None else dataclasses.replace(self, route=route)
 
 
 class Upstream:
@@ -174,14 +195,7 @@ class Upstream:
             await self._pool.close()
             self._pool = None
 
-    async def post(
-        self,
-        path: str,
-        body: bytes,
-        request_id: str | None = None,
-        route: Route | None = None,
-        wire: Wire | None = None,
-    ) -> Response:
+    async def post(self, request: UpstreamRequest) -> Response:
         """Send a request and return once the response headers arrived. Errors before that are
         translated into the taxonomy here, at the adapter's edge. A `route` (a remote resource
         handle) replaces the base URL and the bearer token; a `wire` (a provider's own format)
@@ -189,17 +203,19 @@ class Upstream:
         extra = b""
         base = self.base_url
         own_auth = False
+        route = request.route
         if route is not None:
             base = route.base_url
             extra = _bearer_line(route.token)
             own_auth = True
-        if request_id is not None:
-            extra += _request_id_line(request_id)
+        if request.request_id is not None:
+            extra += _request_id_line(request.request_id)
+        wire = request.wire
         if wire is None:
-            return await self._send("POST", base + path, body, extra, own_auth)
+            return await self._send("POST", base + request.path, request.body, extra, own_auth)
         extra += wire.headers
         own_auth = own_auth or wire.own_auth
-        return await self._send(wire.method, base + wire.target, body, extra, own_auth)
+        return await self._send(wire.method, base + wire.target, request.body, extra, own_auth)
 
     async def _send(
         self,
@@ -232,15 +248,17 @@ class Upstream:
         parts.append(b"\r\n")
         try:
             return await pool.request(origin, b"".join(parts), body or b"")
-        except http1.ConnectTimeout:
-            raise Failure(failures.CONNECT, "connect timeout", deployment=self.id) from None
+        except http1.ConnectTimeout as exc:
+            raise Failure(failures.CONNECT, str(exc), deployment=self.id) from None
         except http1.PoolTimeout:
             # Our bulkhead is full: the deployment is busy, not failing.
             raise Failure(
                 failures.POOL_TIMEOUT, "no free pooled connection", deployment=self.id
             ) from None
-        except http1.ConnectFailed:
-            raise Failure(failures.CONNECT, "connection refused", deployment=self.id) from None
+        except http1.ConnectFailed as exc:
+            # What the connect met (refused, no route, a TLS or proxy refusal): the operator's
+            # first question, so the failure says it.
+            raise Failure(failures.CONNECT, str(exc), deployment=self.id) from None
         except http1.BadResponse:
             raise Failure(failures.BAD_RESPONSE, "malformed response", deployment=self.id) from None
         except http1.HttpError:

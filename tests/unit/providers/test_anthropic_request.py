@@ -5,9 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
+from ballast.config import Deployment, Timeouts, UpstreamSettings
+from ballast.providers.anthropic import AnthropicAdapter
 from ballast.providers.anthropic_request import Untranslatable, messages_request
+from ballast.providers.base import AdapterContext
+from ballast.upstream.client import Upstream
 
 
 def test_the_request_is_translated() -> None:
@@ -49,7 +54,7 @@ def test_the_request_is_translated() -> None:
         "stream_options": {"include_usage": True},
         "user": "u-1",
     }
-    out = messages_request(payload, "claude-x", 4096, None)
+    out = messages_request(payload, "claude-x", 4096)
     assert out["model"] == "claude-x" and out["max_tokens"] == 4096 and out["stream"] is True
     assert out["system"] == "be brief\n\nand kind"
     user, assistant, results = out["messages"]
@@ -72,14 +77,47 @@ def test_the_request_is_translated() -> None:
     assert out["metadata"] == {"user_id": "u-1"} and "stream_options" not in out
 
 
+class _Call:
+    path = "/chat/completions"
+    raw = b""
+    model = "chat"
+    credential = "c"
+    request_id = None
+
+    def __init__(self, payload: dict[str, Any], edits: dict[str, Any] | None = None) -> None:
+        self.payload = payload
+        self.edits = edits or {}
+
+
+def _adapter() -> AnthropicAdapter:
+    deployment = Deployment(
+        id="a", url="https://api.anthropic.com", model="m", provider="anthropic"
+    )
+    upstream = Upstream(deployment, Timeouts(), UpstreamSettings())
+    return AnthropicAdapter(deployment, upstream, AdapterContext())
+
+
 def test_a_prefill_is_a_final_assistant_turn_without_trailing_space() -> None:
     payload = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
-    out = messages_request(payload, "m", 4096, "tok0 tok1 ")
-    assert out["max_tokens"] == 10
+    out = orjson.loads(_adapter().body(_Call(payload), "chat", "tok0 tok1 "))
+    assert out["max_tokens"] == 10 and out["model"] == "m"
     assert out["messages"][-1] == {
         "role": "assistant",
         "content": [{"type": "text", "text": "tok0 tok1"}],
     }
+
+
+def test_edits_are_applied_once_before_translation_and_thinking_takes_no_prefill() -> None:
+    payload = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "user": "u-1",
+    }
+    call = _Call(payload, {"max_tokens": 7, "user": None})
+    out = orjson.loads(_adapter().body(call, "chat", "already said"))
+    assert out["max_tokens"] == 7 and "metadata" not in out
+    assert [m["role"] for m in out["messages"]] == ["user"]  # thinking: regenerated instead
+    assert payload["user"] == "u-1"  # the client's payload is left as it came
 
 
 @pytest.mark.parametrize(
@@ -99,4 +137,4 @@ def test_a_prefill_is_a_final_assistant_turn_without_trailing_space() -> None:
 )
 def test_what_messages_cannot_say_is_refused(payload: dict[str, Any]) -> None:
     with pytest.raises(Untranslatable):
-        messages_request(payload, "m", 16, None)
+        messages_request(payload, "m", 16)

@@ -49,6 +49,7 @@ class _Call:
         self.model = "chat"
         self.edits: dict[str, Any] = {}
         self.credential = "c"
+        self.request_id: str | None = None
 
 
 def _lines(headers: bytes) -> dict[str, str]:

@@ -14,7 +14,7 @@ from ballast.resilience.clock import ManualClock
 from ballast.resilience.failures import Failure
 from ballast.stream.event import StreamEvent, raw
 from ballast.stream.exchange import UpstreamStream, open_stream
-from ballast.upstream.client import Upstream
+from ballast.upstream.client import Upstream, UpstreamRequest
 from tests.unit.resilience.test_clock import (
     ROLE,
     SSE_HEAD,
@@ -23,6 +23,8 @@ from tests.unit.resilience.test_clock import (
     fails_only_after,
     read_request,
 )
+
+CHAT = UpstreamRequest("/chat/completions", b"{}")
 
 DONE = chunked(b"data: [DONE]\n\n")
 
@@ -75,7 +77,7 @@ async def opened(
     clock: ManualClock,
 ) -> UpstreamStream:
     upstream = await upstreams(await serve(feed.handler), clock, inter_chunk=900.0)
-    stream, held = await open_stream(upstream, "/chat/completions", b"{}", clock)
+    stream, held = await open_stream(upstream, CHAT, clock)
     assert len(held) == 2
     return stream
 

@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from ballast.upstream import http1, http_common
+from ballast.upstream.client import UpstreamRequest
 from ballast.upstream.http1 import Origin, Pool, split_url
+
+CHAT = UpstreamRequest("/chat/completions", b"{}")
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[bool]]
 
@@ -473,14 +476,14 @@ async def test_a_full_pool_is_busy_not_failing(serve) -> None:
     deployment = Deployment(id="d", url=f"http://127.0.0.1:{origin.port}/v1", pool_size=1)
     upstream = Upstream(deployment, Timeouts(pool=0.1), UpstreamSettings())
     await upstream.start()
-    held = await upstream.post("/chat/completions", b"{}")
+    held = await upstream.post(CHAT)
     with pytest.raises(Failure) as caught:
-        await upstream.post("/chat/completions", b"{}")
+        await upstream.post(CHAT)
     assert caught.value.kind is failures.POOL_TIMEOUT
     assert not caught.value.kind.health_failure
     await held.read()
     held.release()
-    again = await upstream.post("/chat/completions", b"{}")
+    again = await upstream.post(CHAT)
     assert again.status == 200
     again.release()
     await upstream.close()
@@ -527,7 +530,7 @@ async def test_an_ipv6_loopback_upstream_is_reachable() -> None:
         Deployment(id="v6", url=f"http://[::1]:{port}/v1"), Timeouts(), UpstreamSettings()
     )
     await upstream.start()
-    response = await upstream.post("/chat/completions", b"{}")
+    response = await upstream.post(CHAT)
     assert response.status == 200 and await response.read() == b'{"ok":true}'
     response.release()
     await upstream.close()

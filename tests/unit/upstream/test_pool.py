@@ -10,8 +10,10 @@ import pytest
 
 from ballast.config import Deployment, Timeouts, UpstreamSettings
 from ballast.upstream import http1
-from ballast.upstream.client import Upstream
+from ballast.upstream.client import Upstream, UpstreamRequest
 from ballast.upstream.http1 import Pool, split_url
+
+CHAT = UpstreamRequest("/chat/completions", b"{}")
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\n" + b'{"ok":true}'
 
@@ -169,7 +171,7 @@ async def test_the_upstream_layer_never_sees_the_retry(
     upstream = Upstream(deployment, Timeouts(), UpstreamSettings())
     await upstream.start()
     for _ in range(2):
-        response = await upstream.post("/chat/completions", b"{}")
+        response = await upstream.post(CHAT)
         assert response.status == 200
         await response.read()
         response.release()

@@ -13,11 +13,13 @@ import pytest
 from ballast.config import ConfigError, Deployment, Timeouts, UpstreamSettings, parse_settings
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
-from ballast.upstream.client import Upstream
+from ballast.upstream.client import Upstream, UpstreamRequest
 from ballast.upstream.http1 import split_url
 from ballast.upstream.proxy import NoProxy, parse_proxy, policy_for
 from tests.connect_proxy import ConnectProxy
 from tests.tls_upstream import OkServer, Pki
+
+CHAT = UpstreamRequest("/chat/completions", b"{}")
 
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
 
@@ -74,7 +76,7 @@ async def post_twice(deployment: dict[str, Any], pki: Pki) -> list[int]:
     statuses = []
     try:
         for _ in range(2):
-            response = await upstream.post("/chat/completions", b"{}")
+            response = await upstream.post(CHAT)
             assert await response.read() == b'{"ok":true}'
             response.release()
             statuses.append(response.status)

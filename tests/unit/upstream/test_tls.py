@@ -12,8 +12,10 @@ import pytest
 
 from ballast.config import ConfigError, Deployment, Timeouts, UpstreamSettings, parse_settings
 from ballast.resilience.failures import Failure
-from ballast.upstream.client import Upstream
+from ballast.upstream.client import Upstream, UpstreamRequest
 from tests.tls_upstream import OkServer, Pki
+
+CHAT = UpstreamRequest("/chat/completions", b"{}")
 
 
 @pytest.fixture
@@ -38,7 +40,7 @@ async def call(port: int, tls: dict[str, Any] | None = None) -> int:
     upstream = Upstream(deployment, Timeouts(connect=2.0), UpstreamSettings())
     await upstream.start()
     try:
-        response = await upstream.post("/chat/completions", b"{}")
+        response = await upstream.post(CHAT)
         assert await response.read() == b'{"ok":true}'
         response.release()
         return response.status
@@ -130,7 +132,7 @@ async def test_the_context_is_built_once_per_deployment(pki: Pki, servers: list[
     context = upstream._pool._ssl
     assert context is not None
     for _ in range(2):
-        response = await upstream.post("/chat/completions", b"{}")
+        response = await upstream.post(CHAT)
         await response.read()
         response.release()
     assert upstream._pool._ssl is context and servers[0].connections == 1
