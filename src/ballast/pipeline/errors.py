@@ -3,9 +3,7 @@ exception's text, so no stack trace or secret can reach a client."""
 
 from __future__ import annotations
 
-import orjson
-
-from ballast.resilience.failures import Failure
+from ballast.resilience.failures import Failure, openai_error_body
 
 
 class ApiError(Exception):
@@ -27,24 +25,11 @@ class ApiError(Exception):
         self.headers = headers
 
     def body(self) -> bytes:
-        return error_body(self.message, self.error_type, self.code, self.param)
+        return openai_error_body(self.message, self.error_type, self.code, self.param)
 
     def event(self) -> bytes:
         """The same error as the SSE event that ends a started stream."""
         return b"data: " + self.body() + b"\n\n"
-
-
-def error_body(
-    message: str, error_type: str, code: str | None = None, param: str | None = None
-) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-    )
-
-
-def error_event(message: str, error_type: str, code: str | None) -> bytes:
-    """The in-band SSE event that ends a stream which broke after bytes were sent."""
-    return b"data: " + error_body(message, error_type, code) + b"\n\n"
 
 
 def from_failure(failure: Failure) -> ApiError:

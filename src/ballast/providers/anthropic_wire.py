@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from ballast.providers.chat_shapes import openai_error
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure, Kind
 from ballast.upstream.provider_wire import Decoder, Wire
@@ -88,12 +89,6 @@ def kind_of(status: int | None, error_type: str, message: str) -> Kind:
     if status is None:
         return failures.SERVER_ERROR
     return failures.classify_status(status, None)
-
-
-def openai_error(kind: Kind, message: str) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": message, "type": kind.error_type, "param": None, "code": kind.code}}
-    )
 
 
 class AnthropicWire(Wire):

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from ballast.resilience.failures import CLIENT_ERROR, UNSUPPORTED, Failure, Kind
+from ballast.resilience.failures import CLIENT_ERROR, UNSUPPORTED, Failure, Kind, openai_error_body
 
 
 def obj(value: Any) -> dict[str, Any]:
@@ -93,9 +93,8 @@ def tool_call(ident: str, name: str, arguments: Any) -> dict[str, Any]:
 
 
 def openai_error(kind: Kind, message: str) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": message, "type": kind.error_type, "param": None, "code": kind.code}}
-    )
+    """A provider's error as the OpenAI body the chat shape passes on."""
+    return openai_error_body(message, kind.error_type, kind.code)
 
 
 def failure(

@@ -91,6 +91,16 @@ class Failure(Exception):
         return f"{self.kind.label}: {self.message}"
 
 
+def openai_error_body(
+    message: str, error_type: str, code: str | None = None, param: str | None = None
+) -> bytes:
+    """OpenAI's error body: the one rendering of it, for errors Ballast answers in OpenAI's
+    shape and for provider errors the chat wires pass on as OpenAI's."""
+    return orjson.dumps(
+        {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    )
+
+
 def error_code(body: bytes | None) -> str | None:
     """The OpenAI-style `error.code` of an upstream body, if it has one."""
     if not body:

@@ -17,16 +17,14 @@ from typing import cast
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
+from ballast.resilience.failures import openai_error_body
 from ballast.types import BODY_WRITER, WRITE_TIMED_OUT
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
 def _raw_error(status: int, message: str, code: str) -> bytes:
-    body = (
-        b'{"error":{"message":"' + message.encode() + b'","type":"invalid_request_error",'
-        b'"param":null,"code":"' + code.encode() + b'"}}'
-    )
+    body = openai_error_body(message, "invalid_request_error", code)
     return b"".join(
         [
             b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
