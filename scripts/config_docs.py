@@ -8,6 +8,7 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ from pydantic import AliasChoices, BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from ballast.config import Settings
+from ballast.config import DEFAULT_URLS, Settings
+from ballast.config.loading import ENV_OVERRIDES
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
@@ -27,7 +29,14 @@ Generated from the settings schema (`src/ballast/config/`) by
 prints the resolved config (secrets masked) or every error with its path.
 
 `models[]` is a list, `<name>` a key of your choosing (a model name, a backend name).
+How a file is read, checked and reloaded, with an annotated example:
+[configuration.md](configuration.md).
 """
+
+# What a key's default is when the schema cannot say it by itself.
+_URL = "models[].deployments[].url"
+# Providers whose URL follows from their own section (`_cloud_url` in config/deployment.py).
+_DERIVED_URLS = {"bedrock": "`aws.region`", "vertex": "`google.location`"}
 
 
 # Meanings for keys whose schema field has no description of its own. A key with neither
@@ -125,7 +134,16 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _default(field: FieldInfo) -> str:
+def _url_default() -> str:
+    """A deployment's `url` is required unless its provider has one or derives one."""
+    known = ", ".join(f"`{name}`" for name in DEFAULT_URLS)
+    derived = ", ".join(f"`{name}` (from {where})" for name, where in _DERIVED_URLS.items())
+    return f"required, except for {derived} and the providers with a URL of their own: {known}"
+
+
+def _default(field: FieldInfo, key: str = "") -> str:
+    if key == _URL:
+        return _url_default()
     if field.default is PydanticUndefined and field.default_factory is None:
         return "required"
     value = field.get_default(call_default_factory=True)
@@ -149,28 +167,55 @@ def _doc(model: type[BaseModel]) -> str:
     return " ".join((model.__doc__ or "").split())
 
 
-def _rows(model: type[BaseModel], prefix: str, out: list[str]) -> None:
+def _prefix(key: str, annotation: Any) -> str:
+    """How the keys under a section are named: `a[].b` in a list, `a.<name>.b` in a map."""
+    origin = typing.get_origin(annotation)
+    if origin is list:
+        return f"{key}[]."
+    if origin is dict:
+        return f"{key}.<name>."
+    return f"{key}."
+
+
+def _fields(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, FieldInfo]]:
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
-        annotation = field.annotation
-        meaning = meaning_of(key, " ".join((field.description or "").split()))
-        sub = _model_of(annotation)
-        origin = typing.get_origin(annotation)
+        yield key, field
+        sub = _model_of(field.annotation)
         if sub is not None:
-            meaning = meaning or _doc(sub)
-        meaning += _former_names(field, name)
-        out.append(f"| `{key}` | {_type_name(annotation)} | {_default(field)} | {meaning} |")
-        if sub is not None:
-            if origin is list:
-                _rows(sub, f"{key}[].", out)
-            elif origin is dict:
-                _rows(sub, f"{key}.<name>.", out)
-            else:
-                _rows(sub, f"{key}.", out)
+            yield from _fields(sub, _prefix(key, field.annotation))
+
+
+def fields() -> dict[str, FieldInfo]:
+    """Every key of the settings schema, named as docs/config.md names it."""
+    return dict(_fields(Settings, ""))
+
+
+def _row(key: str, field: FieldInfo) -> str:
+    annotation = field.annotation
+    meaning = meaning_of(key, " ".join((field.description or "").split()))
+    sub = _model_of(annotation)
+    if sub is not None:
+        meaning = meaning or _doc(sub)
+    meaning += _former_names(field, key.rsplit(".", 1)[-1])
+    return f"| `{key}` | {_type_name(annotation)} | {_default(field, key)} | {meaning} |"
+
+
+def _environment() -> list[str]:
+    """The settings the environment sets whatever the file says (config/loading.py)."""
+    lines = [
+        "## Environment overrides\n",
+        "Read by Ballast itself, not through `${VAR}`: when set and not empty, each replaces",
+        "its setting whatever the file says, so one file serves several environments.\n",
+        "| variable | sets |",
+        "| --- | --- |",
+    ]
+    lines += [f"| `{name}` | `{'.'.join(path)}` |" for name, path in ENV_OVERRIDES.items()]
+    return [*lines, ""]
 
 
 def render() -> str:
-    lines = [HEADER]
+    lines = [HEADER, *_environment()]
     for name, field in Settings.model_fields.items():
         sub = _model_of(field.annotation)
         lines.append(f"## `{name}`\n")
@@ -180,13 +225,9 @@ def render() -> str:
             lines.append(" ".join(field.description.split()) + "\n")
         lines.append("| key | type | default | meaning |")
         lines.append("| --- | --- | --- | --- |")
-        rows: list[str] = []
         if sub is not None:
-            prefix = f"{name}[]." if typing.get_origin(field.annotation) is list else f"{name}."
-            if typing.get_origin(field.annotation) is dict:
-                prefix = f"{name}.<name>."
-            _rows(sub, prefix, rows)
-        lines.extend(rows)
+            prefix = _prefix(name, field.annotation)
+            lines.extend(_row(key, sub_field) for key, sub_field in _fields(sub, prefix))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

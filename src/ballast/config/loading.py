@@ -58,7 +58,8 @@ def _join_dot(out: str, part: str) -> str:
     return f".{part}" if out else part
 
 
-_ENV_OVERRIDES = {
+# Settings the environment sets whatever the file says (docs/config.md lists them).
+ENV_OVERRIDES = {
     "BALLAST_REDIS_BREAKER_FAILURE_THRESHOLD": ("state", "redis_breaker", "failure_threshold"),
     "BALLAST_REDIS_BREAKER_RECOVERY_TIMEOUT": ("state", "redis_breaker", "open_time"),
     "BALLAST_REDIS_URL": ("state", "redis_url"),
@@ -69,7 +70,7 @@ _FORMER_NAMES = {"open_time": ("recovery_timeout",)}
 
 
 def _apply_env_overrides(data: dict[str, Any], environ: dict[str, str]) -> None:
-    for name, path in _ENV_OVERRIDES.items():
+    for name, path in ENV_OVERRIDES.items():
         value = environ.get(name)
         if not value:
             continue

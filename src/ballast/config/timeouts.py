@@ -8,7 +8,8 @@ from ballast.config.base import Section
 
 
 class Timeouts(Section):
-    """Seconds. `first_token` and `inter_chunk` are the two stream clocks (seed 002)."""
+    """Seconds. `first_token` and `inter_chunk` are the two stream clocks: a stream can hang
+    without failing, so both its first token and every gap after it are timed."""
 
     connect: float = Field(5.0, gt=0)
     pool: float = Field(2.0, gt=0, description="waiting for a free pooled connection")

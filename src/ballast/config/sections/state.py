@@ -17,9 +17,9 @@ from ballast.config.breaker import (
 
 
 class RedisBreakerSettings(BreakerSettings):
-    """Seed 003: a slow Redis is worse than a dead one. After `failure_threshold` failed
-    calls every use takes its local fallback at once; one probe after `open_time`, which
-    does not grow."""
+    """A slow Redis is worse than a dead one, so every call is timed and counted. After
+    `failure_threshold` failed calls every use takes its local fallback at once; one probe
+    after `open_time`, which does not grow."""
 
     failure_threshold: FailureThreshold = 5
     failure_rate: FailureRate = None
