@@ -33,6 +33,11 @@ class BodyWriter(Protocol):
         """The response is a started chunked body and its client is still there."""
         ...
 
+    @property
+    def body_complete(self) -> bool:
+        """The request's whole body has arrived: reading it cannot trickle (no timer)."""
+        ...
+
     def write(self, body: bytes) -> bool:
         """Write `body` as one chunk; False once the client's buffer is full (wait in `drain`
         before writing more) or the client has gone."""

@@ -7,7 +7,7 @@ import asyncio
 
 from ballast.pipeline.errors import ApiError
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
-from ballast.types import WRITE_TIMED_OUT, Handler, Message, Receive, Scope, Send
+from ballast.types import BODY_WRITER, WRITE_TIMED_OUT, Handler, Message, Receive, Scope, Send
 
 __all__ = ["WRITE_TIMED_OUT", "Handler", "Message", "Receive", "Scope", "Send"]
 
@@ -67,9 +67,10 @@ async def read_body(
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
-    if getattr(getattr(receive, "__self__", None), "more_body", True) is False:
-        # uvicorn's request cycle says the whole body is already here (the usual case for a
-        # small POST): nothing can trickle, so no timer. Any other server gets the timer.
+    writer = scope.get(BODY_WRITER)
+    if writer is not None and writer.body_complete:
+        # Our server says the whole body is already here (the usual case for a small POST):
+        # nothing can trickle, so no timer. Any other server gets the timer.
         return await _receive_body(receive, limit)
     task = asyncio.current_task()
     assert task is not None

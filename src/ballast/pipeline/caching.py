@@ -127,7 +127,7 @@ async def send_hit(
 
 
 class StreamRecorder:
-    """Keeps a copy of a streamed answer's events on their way to the client (StreamSend
+    """Keeps a copy of a streamed answer's events on their way to the client (the Responder
     records them); when the stream ends whole, the assembled answer is stored before its last
     bytes go out, so the client's next identical request finds it."""
 

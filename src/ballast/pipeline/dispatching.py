@@ -18,10 +18,9 @@ from ballast.pipeline.pipeline import Pipeline
 from ballast.pipeline.relay import Relay
 from ballast.pipeline.respond import Responder
 from ballast.pipeline.stages import Flow, Next
-from ballast.pipeline.stream_send import StreamSend
 from ballast.routing.attempt_loop import Attempts
 from ballast.routing.dispatch import OpenStream
-from ballast.types import Message, Send
+from ballast.types import Message
 
 
 def finish_reason(payload: dict[str, Any]) -> str | None:
@@ -81,37 +80,30 @@ class Dispatch:
         if ctx.lookup is not None:
             ctx.ask_for_usage()  # to be kept with the answer
             recorder = StreamRecorder(ctx.lookup, ctx.path)
-        out = StreamSend(
-            responder.send,
-            responder.shape,
-            translator,
-            recorder,
-            strip_usage=ctx.usage_added and translator is None,
+        responder.begin_stream(
+            translator, recorder, strip_usage=ctx.usage_added and translator is None
         )
-        send: Send = out.send
         ctx.attempts = attempts = pipeline.router.loop.begin(stream=True)
-        opened = await self._open(ctx, group, attempts, responder, send)
+        opened = await self._open(ctx, group, attempts, responder)
         ctx.upstream_headers = opened.stream.headers
         relay = Relay(pipeline.router.dispatch, ctx, group, opened, attempts, pipeline.continuation)
-        if recorder is None:  # nothing keeps the body; a translator may reshape it
-            relay.writer = responder.writer
-            relay.out = out
+        relay.client = responder
         try:
             if not responder.started:
-                await send(self._stream_start(responder, opened))
+                await responder.send(self._stream_start(responder, opened))
             async for piece in relay.events():
                 if relay.ending:  # the last piece ends the response with it: one send less
                     watch.stop()
                     # Billed before the answer completes: a crash after it cannot lose it.
                     pipeline.settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
                 if isinstance(piece, ApiError):
-                    await out.fail(piece)
+                    await responder.fail(piece)
                 else:
-                    await out.events(piece, not relay.ending)
+                    await responder.events(piece, not relay.ending)
             if not relay.ending:
                 watch.stop()
                 pipeline.settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
-                await out.events([], False)
+                await responder.events([], False)
         finally:
             relay.close()
         ctx.finish_reason = relay.opened.stream.state.finish_reason
@@ -123,7 +115,6 @@ class Dispatch:
         group: ModelGroup,
         attempts: Attempts,
         responder: Responder,
-        send: Send,
     ) -> OpenStream:
         """The stream past its first token, the client kept busy meanwhile (keepalive.py).
         A refusal of the request itself (a stream that never started) reaches the guard,
@@ -132,6 +123,8 @@ class Dispatch:
         dispatch = pipeline.router.dispatch
         if pipeline.keepalive is None and not pipeline.headers_at_once:
             return await dispatch.open(ctx, group, attempts)
+
+        send = responder.send_raw
 
         async def start() -> None:
             await send(self._stream_start(responder, None))

@@ -3,7 +3,7 @@ silently; after it, a stall or a cut is healed by continuation: the next deploym
 to go on with the same answer (the partial text as an assistant prefill where the provider
 continues one, or a regeneration that must begin with what the client already has), and only
 the remainder is relayed. When nothing can continue, the stream ends with an error event
-naming the fault, made once in the client's shape (StreamSend.fail). Each stream's attempt
+naming the fault, made once in the client's shape (Responder.fail). Each stream's attempt
 gets its verdict when that stream ends. The relay carries typed events of any shape: it
 reads only what the exchange's state and the splice read, and reshapes nothing itself."""
 
@@ -15,14 +15,13 @@ from collections.abc import AsyncIterator
 from ballast.config import ModelGroup
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import ApiError
-from ballast.pipeline.stream_send import StreamSend
+from ballast.pipeline.respond import Responder
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.routing.attempt_loop import Attempts
 from ballast.routing.dispatch import Dispatch, OpenStream
 from ballast.stream.event import StreamEvent
 from ballast.stream.splice import Diverged, Sent, Splice
-from ballast.types import BodyWriter
 
 log = logging.getLogger("ballast.relay")
 
@@ -60,13 +59,11 @@ class Relay:
         self._original: Failure | None = None
         # True while the piece just yielded is the stream's last: it may end the response.
         self.ending = False
-        # Set by the pipeline when nothing keeps the body on its way (a shape's translator may
-        # reshape it): once a first piece went through `send`, the rest is forwarded as it
-        # arrives (UpstreamStream.pump), encoded by `out` as its pieces are.
-        self.writer: BodyWriter | None = None
-        self.out: StreamSend | None = None
+        # Set by the pipeline for the fast path: once a first piece went out, the rest is
+        # forwarded by the client's writer as it arrives (UpstreamStream.pump), while it
+        # `forwards` (nothing keeps the events; a shape's translator may reshape them).
+        self.client: Responder | None = None
         self._yielded = False
-        self._blocked = False  # the writer's client buffer is full: drain before pumping
 
     @property
     def deployment(self) -> str:
@@ -106,13 +103,11 @@ class Relay:
                     self._end(None)
                     return
                 try:
-                    writer = self.writer
-                    if writer is not None and self._yielded and self._splice is None:
-                        if self._blocked:
-                            self._blocked = False
-                            await writer.drain()
-                        if writer.open:
-                            pending = await stream.pump(self._forward)
+                    client = self.client
+                    if client is not None and self._yielded and self._splice is None:
+                        await client.drain()
+                        if client.forwards:
+                            pending = await stream.pump(client.forward)
                             continue
                     pending = await stream.next_events()
                 except Failure as failure:
@@ -126,18 +121,6 @@ class Relay:
                     pending = recovered
         finally:
             self.close()
-
-    def _forward(self, events: list[StreamEvent]) -> bool:
-        """A pumped stream's events, straight to the client; False to pause the pump. (Only a
-        stream with no splice is pumped.)"""
-        writer, out = self.writer, self.out
-        if writer is None or out is None:
-            return False
-        body = out.encode(events)
-        if body and not writer.write(body):
-            self._blocked = True
-            return False
-        return True
 
     def _filter(self, events: list[StreamEvent]) -> list[StreamEvent]:
         if self._splice is None:

@@ -60,6 +60,11 @@ class CycleBodyWriter:
             and cycle.scope["method"] != "HEAD"
         )
 
+    @property
+    def body_complete(self) -> bool:
+        cycle = self._cycle()
+        return cycle is not None and cycle.more_body is False
+
     def write(self, body: bytes) -> bool:
         cycle = self._cycle()
         if cycle is None or cycle.disconnected:

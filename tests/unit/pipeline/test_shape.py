@@ -8,7 +8,6 @@ from typing import Any
 from ballast.pipeline.errors import ApiError
 from ballast.pipeline.respond import Responder
 from ballast.pipeline.shape import Rendering
-from ballast.pipeline.stream_send import StreamSend
 from ballast.stream.event import StreamEvent, read
 from ballast.types import Message
 
@@ -56,13 +55,27 @@ class Sink:
         ]
 
 
+def streaming(
+    sink: Sink,
+    shape: Rendering,
+    translator: Upper | None = None,
+    strip_usage: bool = False,
+) -> Responder:
+    """A responder about to send a stream to `sink`."""
+    responder = Responder(sink, b"r-1", shape)
+    responder.begin_stream(translator, None, strip_usage)
+    return responder
+
+
 async def test_a_translated_stream_is_sent_in_the_shape_and_flushed_at_the_end() -> None:
     sink = Sink()
     upper = Upper()
-    out = StreamSend(sink, Loud(), upper)
-    await out.send({"type": "http.response.start", "status": 200, "headers": []})
+    out = streaming(sink, Loud(), upper)
+    await out.send_raw(out.start_stream([], "a"))
     await out.events([read(b"data: a")], True)
-    await out.send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
+    await out.send_raw(
+        {"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True}
+    )
     await out.events([read(b"data: b")], False)
     assert sink.messages[0]["type"] == "http.response.start"
     # The comment had no counterpart: nothing was sent for it.
@@ -72,7 +85,7 @@ async def test_a_translated_stream_is_sent_in_the_shape_and_flushed_at_the_end()
 
 async def test_the_last_empty_piece_still_carries_the_flush() -> None:
     sink = Sink()
-    await StreamSend(sink, Loud(), Upper()).events([], False)
+    await streaming(sink, Loud(), Upper()).events([], False)
     assert sink.bodies() == [(b"END\n\n", False)]
 
 
@@ -80,17 +93,18 @@ async def test_usage_the_client_did_not_ask_for_is_left_out() -> None:
     sink = Sink()
     usage = read(b'data: {"choices":[],"usage":{"total_tokens":3}}')
     text = read(b'data: {"choices":[{"delta":{"content":"a"}}],"usage":null}')
-    await StreamSend(sink, Rendering(), strip_usage=True).events([text, usage], False)
+    await streaming(sink, Rendering(), strip_usage=True).events([text, usage], False)
     assert sink.bodies() == [(text.raw, False)]
 
 
 async def test_a_broken_stream_ends_with_the_error_made_once_in_the_clients_shape() -> None:
     error = ApiError(502, "cut short", "api_error", "upstream_stream_cut")
     sink = Sink()
-    await StreamSend(sink, Rendering()).fail(error)
-    assert sink.bodies() == [(error.event(), False)]
+    out = streaming(sink, Rendering())
+    await out.fail(error)
+    assert sink.bodies() == [(error.event(), False)] and out.stream_error
     sink = Sink()
-    await StreamSend(sink, Loud(), Upper()).fail(error)
+    await streaming(sink, Loud(), Upper()).fail(error)
     assert sink.bodies() == [(b"FAILED: cut short\n\n", False)]
 
 
