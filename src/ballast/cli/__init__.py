@@ -26,6 +26,26 @@ cli.add_typer(keys_cli, name="keys")
 cli.add_typer(teams_cli, name="teams")
 
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from ballast import __version__
+
+        typer.echo(f"ballast {__version__}")
+        raise typer.Exit()
+
+
+@cli.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Ballast: a self-healing LLM gateway."""
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
