@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from ballast.cli.common import load_or_exit
+from ballast.cli.common import runnable_or_exit
 from ballast.cli.keys import db_cli, keys_cli, teams_cli
 from ballast.config import masked
 
@@ -56,8 +56,9 @@ def _setup_logging(level: str) -> None:
 
 @cli.command("check-config")
 def check_config(config: Annotated[Path, typer.Argument(help="YAML config file")]) -> None:
-    """Print the resolved config with secrets masked, or every error with its path (exit 2)."""
-    settings = load_or_exit(config)
+    """Print the resolved config with secrets masked, or every error with its path (exit 2):
+    a missing optional extra too, with the command that installs it."""
+    settings = runnable_or_exit(config)
     typer.echo(yaml.safe_dump(masked(settings), sort_keys=False))
 
 
@@ -129,7 +130,7 @@ def serve(
         typer.echo("--ssl-certfile and --ssl-keyfile go together", err=True)
         raise typer.Exit(2)
 
-    settings = load_or_exit(config)
+    settings = runnable_or_exit(config)
     prepare_serve(log_level, log_format, workers)
     _startup_line(settings, host or settings.server.host, port, workers, ssl_certfile)
     os.environ["BALLAST_CONFIG"] = str(config.resolve())
