@@ -172,10 +172,15 @@ def sim(
     name: Annotated[str, typer.Option(help="name shown in logs")] = "sim",
 ) -> None:
     """Run the fault-injecting OpenAI-compatible simulator."""
+    from ballast.server.aioweb import CannotListen
     from ballast.sim.server import run_sim
 
     _setup_logging("info")
-    run_sim(host, port, default, name)
+    try:
+        run_sim(host, port, default, name)
+    except CannotListen as exc:
+        typer.echo(f"ballast sim: {exc.strerror}", err=True)
+        raise typer.Exit(1) from None
 
 
 @cli.command()
