@@ -1,8 +1,9 @@
-"""`ballast keys` and `ballast teams`: create, update, rotate and list, against a real
-(SQLite) database, as an operator would run them."""
+"""`ballast --version`; `ballast keys` and `ballast teams`: create, update, rotate and
+list, against a real (SQLite) database, as an operator would run them."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from pathlib import Path
 
@@ -78,3 +79,7 @@ def test_a_key_for_a_model_the_config_does_not_serve_is_refused(tmp_path: Path) 
     )
     assert both.exit_code == 2 and "'rpm'" in both.output and "'budget'" in both.output
     assert "nope" not in _run("keys", "list", "-c", conf)
+
+
+def test_version_is_the_installed_package_version() -> None:
+    assert _run("--version") == f"ballast {importlib.metadata.version('ballast')}\n"

@@ -4,6 +4,7 @@ process hides the extra's modules as a machine without it would lack them."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +87,9 @@ def test_every_extra_a_deployment_needs_is_listed_and_installed_here(tmp_path: P
     config = _config(tmp_path, _BEDROCK, _VERTEX, observe={"tracing": True})
     result = run_without((), "check-config", config)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_container_image_installs_every_extra() -> None:
+    dockerfile = (Path(__file__).resolve().parents[3] / "Dockerfile").read_text()
+    (extras,) = re.findall(r"pip install [^\n]*'\.\[([a-z,]+)\]'", dockerfile)
+    assert set(extras.split(",")) == set(EXTRAS)
