@@ -8,7 +8,7 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY src ./src
 RUN python -m venv /opt/ballast \
  && /opt/ballast/bin/pip install --upgrade pip \
- && /opt/ballast/bin/pip install -c constraints.txt '.[tracing]'
+ && /opt/ballast/bin/pip install -c constraints.txt '.[tracing,bedrock,vertex]'
 
 FROM python:3.11-slim
 RUN groupadd --system --gid 10001 ballast \

@@ -1,3 +1,9 @@
 """Ballast: a self-healing, OpenAI-compatible LLM gateway."""
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+# The version is written once, in pyproject.toml; the installed package's metadata carries it.
+try:
+    __version__ = version("ballast")
+except PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"

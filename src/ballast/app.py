@@ -84,7 +84,11 @@ class BallastApp:
         self.reloader = Reloader(self)
         self.fleet = Fleet(self.state, settings.fleet, settings.state.redis_url)
         self.admin = Admin(self, self.reloader, self.fleet)
-        KeysAdmin(self.state, settings.server.max_body_bytes).register(self.admin)
+        KeysAdmin(
+            self.state,
+            settings.server.max_body_bytes,
+            lambda model: self.generation.settings.serves(model),
+        ).register(self.admin)
         # Jobs: the dispatcher runs only when job backends are configured.
         self.job_store = JobStore(self.state.db, clock, settings.jobs.lease_time)
         self.dispatcher = (

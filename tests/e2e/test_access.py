@@ -13,6 +13,7 @@ from typing import Any
 import openai
 import pytest
 
+from ballast.state.ratelimit import reset_header
 from tests.stack import Gateway, Stack, deployment, group, sqlite_state
 
 MASTER = "sk-master-for-tests-0123456789"
@@ -109,7 +110,15 @@ def test_rpm_limit_answers_429_with_headers(gateway: Gateway) -> None:
     with pytest.raises(openai.RateLimitError) as info:
         client(gateway, key).chat.completions.create(model="chat", messages=MESSAGES)
     assert info.value.code == "rate_limit_exceeded"
-    assert int(info.value.response.headers["retry-after"]) >= 1
+    headers = info.value.response.headers
+    wait = int(headers["retry-after"])
+    assert 1 <= wait <= 120
+    # The wait is said once, three ways that agree: the message, Retry-After and the reset.
+    assert headers["x-ratelimit-reset-requests"] == reset_header(wait).decode()
+    body: Any = info.value.body
+    assert body["message"] == (
+        f"Rate limit reached for requests on this key: 2 requests per minute. Retry in {wait} s."
+    )
 
 
 def test_spend_is_recorded_and_budget_enforced(gateway: Gateway) -> None:

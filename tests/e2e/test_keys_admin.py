@@ -163,3 +163,17 @@ def test_a_budget_per_model(gateway: Gateway) -> None:
     ask(gateway, key, "other")  # no budget of its own
     status, body = admin(gateway, "POST", "/admin/keys", {"name": "x", "model_budgets": {"a": -1}})
     assert (status, body["error"]["param"]) == (400, "model_budgets")
+
+
+def test_every_bad_field_is_named_and_a_key_names_only_served_models(gateway: Gateway) -> None:
+    bad = {"name": "", "rpm": 0, "budget": -1, "models": ["chat", "nope"]}
+    status, body = admin(gateway, "POST", "/admin/keys", bad)
+    assert status == 400 and body["error"]["param"] == "name, rpm, budget, models", body
+    message = body["error"]["message"]
+    assert message.startswith("'name' must be a non-empty string. 'rpm' must be")
+    assert message.endswith("'models' names a model the config does not serve: 'nope'.")
+    key, key_id = new_key(gateway, models=["chat"])
+    update = {"id": key_id, "models": ["other", "gone"], "tpm": -5}
+    status, body = admin(gateway, "POST", "/admin/keys/update", update)
+    assert status == 400 and body["error"]["param"] == "tpm, models", body
+    ask(gateway, key)  # unchanged by the refused update

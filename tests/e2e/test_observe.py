@@ -418,7 +418,8 @@ def test_reload_adds_a_deployment_without_a_failed_request_and_refuses_a_broken_
         seen = load.count()
         wait_for(lambda: load.count() >= seen + 10)
     assert status == 400 and body["error"]["code"] == "invalid_config"
-    assert "models[0].deployments[1].url: not a URL" in body["errors"]
+    url_error = "models[0].deployments[1].url: not a URL: it has no scheme; add http:// or"
+    assert any(line.startswith(url_error) for line in body["errors"])
     assert any(line.startswith("timeouts.first_token:") for line in body["errors"])
     assert load.failures == [] and set(load.served) == {"b"}
     state = state_of(gateway)

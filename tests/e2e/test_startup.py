@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.hidden import run_without
 from tests.stack import Stack, deployment, free_port, group
 
 
@@ -106,3 +107,21 @@ def _wait_ready(url: str) -> None:
         except OSError:
             time.sleep(0.05)
     raise AssertionError(f"{url} never became ready")
+
+
+def test_serve_without_a_needed_extra_stops_before_serving(tmp_path: Path) -> None:
+    """A Bedrock deployment on a machine without botocore: one line naming the extra and
+    its pip command, exit 2, and no "serving" line before it (the port is never bound)."""
+    path = tmp_path / "ballast.yaml"
+    bedrock = {
+        "id": "br",
+        "provider": "bedrock",
+        "model": "anthropic.claude-3-haiku",
+        "aws": {"region": "us-east-1"},
+    }
+    path.write_text(yaml.safe_dump({"models": [{"name": "claude", "deployments": [bedrock]}]}))
+    port = free_port()
+    result = run_without(("botocore",), "serve", "--config", str(path), "--port", str(port))
+    assert result.returncode == 2
+    assert "serving" not in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.strip().endswith("install it with: pip install 'ballast[bedrock]'")

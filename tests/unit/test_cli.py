@@ -1,8 +1,9 @@
-"""`ballast keys` and `ballast teams`: create, update, rotate and list, against a real
-(SQLite) database, as an operator would run them."""
+"""`ballast --version`; `ballast keys` and `ballast teams`: create, update, rotate and
+list, against a real (SQLite) database, as an operator would run them."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from pathlib import Path
 
@@ -47,3 +48,38 @@ def test_keys_and_teams_from_the_command_line(tmp_path: Path) -> None:
     assert "research" in teams and key_id in teams
     bad = CliRunner().invoke(cli, ["keys", "update", "-c", conf, key_id, "--rpm", str(2**31)])
     assert bad.exit_code == 2 and "rpm" in bad.output
+
+
+def test_a_key_for_a_model_the_config_does_not_serve_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "ballast.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "state": {
+                    "database_url": f"sqlite:///{tmp_path / 'b.db'}",
+                    "spend_journal": str(tmp_path / "spend.journal"),
+                },
+                "models": [{"name": "chat", "deployments": [{"id": "a", "url": "http://x"}]}],
+            }
+        )
+    )
+    conf = str(config)
+    refused = CliRunner().invoke(
+        cli, ["keys", "create", "-c", conf, "--name", "a", "--models", "nope"]
+    )
+    assert refused.exit_code == 2
+    assert "'models' names a model the config does not serve: 'nope'." in refused.output
+    assert "key:" not in refused.output
+    made = _run("keys", "create", "-c", conf, "--name", "a", "--models", "chat")
+    key_id = re.search(r"id:\s+(\S+)", made).group(1)  # type: ignore[union-attr]
+    changed = CliRunner().invoke(cli, ["keys", "update", "-c", conf, key_id, "--models", "chat,x"])
+    assert changed.exit_code == 2 and "'x'" in changed.output
+    both = CliRunner().invoke(
+        cli, ["keys", "create", "-c", conf, "--name", "b", "--rpm", "0", "--budget", "-1"]
+    )
+    assert both.exit_code == 2 and "'rpm'" in both.output and "'budget'" in both.output
+    assert "nope" not in _run("keys", "list", "-c", conf)
+
+
+def test_version_is_the_installed_package_version() -> None:
+    assert _run("--version") == f"ballast {importlib.metadata.version('ballast')}\n"

@@ -58,14 +58,19 @@ def actor_command(backend: str, port: int, host: str, idle_timeout: float, jwt_t
             MIN_JWT_SECRET_BYTES,
         )
     from ballast.actor.server import run_actor
+    from ballast.server.aioweb import CannotListen
 
-    run_actor(
-        backend,
-        host,
-        port,
-        idle_timeout,
-        jwt_ttl,
-        control_secret=control_secret,
-        jwt_secret=jwt_secret,
-        backend_api_key=os.environ.get(BACKEND_API_KEY_ENV) or None,
-    )
+    try:
+        run_actor(
+            backend,
+            host,
+            port,
+            idle_timeout,
+            jwt_ttl,
+            control_secret=control_secret,
+            jwt_secret=jwt_secret,
+            backend_api_key=os.environ.get(BACKEND_API_KEY_ENV) or None,
+        )
+    except CannotListen as exc:
+        typer.echo(f"ballast actor: {exc.strerror}", err=True)
+        raise typer.Exit(1) from None

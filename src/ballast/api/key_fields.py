@@ -1,13 +1,14 @@
 """The admin API's fields for keys and teams, checked before the database sees them: every
-number within what its column holds, no NUL in a string. A bad field is a 400 that names
-it, never a database error (a 500)."""
+number within what its column holds, no NUL in a string, models the config serves. Bad
+fields are one 400 that names every one of them, never a database error (a 500)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
-from ballast.pipeline.errors import bad_request
+from ballast.pipeline.errors import ApiError, bad_request
 
 _INT_FIELDS = ("rpm", "tpm", "max_parallel", "max_concurrent_jobs")
 MAX_INT = 2**31 - 1  # the INTEGER columns: PostgreSQL's int4 is the narrowest
@@ -74,38 +75,100 @@ _CLEARABLE = set(_CHECKS) - {"name", "budget_period"}  # None clears these in an
 TEAM_FIELDS = ("name", "rpm", "tpm", "max_parallel", "budget", "budget_period")
 
 
-def key_options(data: dict[str, Any]) -> dict[str, Any]:
-    """Validated attributes for a new key; a 400 names the first bad one."""
-    options = {"name": _CHECKS["name"](data.get("name"))}
+class _Problems:
+    """The bad fields of one request, all of them: a form that sends several mistakes hears
+    of every one in one answer, not one per try."""
+
+    def __init__(self) -> None:
+        self.errors: list[ApiError] = []
+
+    def check(self, check: Callable[[Any], Any], value: Any) -> Any:
+        try:
+            return check(value)
+        except ApiError as error:
+            self.errors.append(error)
+            return None
+
+    def add(self, message: str, field: str) -> None:
+        self.errors.append(bad_request(message, field))
+
+    def raise_any(self) -> None:
+        """One 400 naming every bad field (its `param` lists them), if any was bad."""
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            fields = ", ".join(dict.fromkeys(e.param for e in self.errors if e.param))
+            raise bad_request(" ".join(e.message for e in self.errors), fields)
+
+
+def _served(models: list[str] | None, serves: Callable[[str], bool] | None) -> str | None:
+    """Why a model list names models the config does not serve, or None."""
+    if models is None or serves is None:
+        return None
+    unknown = [m for m in models if not serves(m)]
+    if not unknown:
+        return None
+    shown = ", ".join(f"'{m[:80]}'" for m in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+    return f"'models' names a model the config does not serve: {shown}."
+
+
+def key_options(
+    data: dict[str, Any], serves: Callable[[str], bool] | None = None
+) -> dict[str, Any]:
+    """Validated attributes for a new key; a 400 names every bad one. `serves` says whether
+    the config serves a model: a key's model list may name only those."""
+    problems = _Problems()
+    options = {"name": problems.check(_CHECKS["name"], data.get("name"))}
     for field, check in _CHECKS.items():
         if field != "name" and data.get(field) is not None:
-            options[field] = check(data[field])
+            options[field] = problems.check(check, data[field])
+    unserved = _served(options.get("models"), serves)
+    if unserved is not None:
+        problems.add(unserved, "models")
+    problems.raise_any()
     options.setdefault("budget_period", "month")
     return options
 
 
-def key_changes(data: dict[str, Any], fields: tuple[str, ...] | None = None) -> dict[str, Any]:
+def key_changes(
+    data: dict[str, Any],
+    fields: tuple[str, ...] | None = None,
+    serves: Callable[[str], bool] | None = None,
+) -> dict[str, Any]:
     """Validated changes to a key (or, with `fields`, a team): only the fields given; a
-    null clears a limit, a budget, the model list, the expiry or the team."""
-    allowed = fields or tuple(_CHECKS)
+    null clears a limit, a budget, the model list, the expiry or the team. A 400 names
+    every bad field."""
+    problems = _Problems()
+    changes = _changes(data, fields or tuple(_CHECKS), problems)
+    unserved = _served(changes.get("models"), serves)
+    if unserved is not None:
+        problems.add(unserved, "models")
+    problems.raise_any()
+    return changes
+
+
+def _changes(data: dict[str, Any], allowed: tuple[str, ...], problems: _Problems) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     for field, value in data.items():
         if field == "id":
             continue
         if field not in allowed:
-            raise bad_request(f"'{field[:80]}' cannot be changed.", field[:80])
-        if value is None:
+            problems.add(f"'{field[:80]}' cannot be changed.", field[:80])
+        elif value is None:
             if field not in _CLEARABLE:
-                raise bad_request(f"'{field}' cannot be null.", field)
-            changes[field] = None
+                problems.add(f"'{field}' cannot be null.", field)
+            else:
+                changes[field] = None
         else:
-            changes[field] = _CHECKS[field](value)
+            changes[field] = problems.check(_CHECKS[field], value)
     return changes
 
 
 def team_options(data: dict[str, Any]) -> dict[str, Any]:
-    """Validated attributes for a new team."""
-    options = key_changes({k: v for k, v in data.items() if v is not None}, TEAM_FIELDS)
+    """Validated attributes for a new team; a 400 names every bad field."""
+    problems = _Problems()
+    options = _changes({k: v for k, v in data.items() if v is not None}, TEAM_FIELDS, problems)
     if "name" not in options:
-        raise bad_request("'name' is required.", "name")
+        problems.add("'name' is required.", "name")
+    problems.raise_any()
     return options

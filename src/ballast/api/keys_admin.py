@@ -3,6 +3,7 @@ and spend) and revoke virtual keys; teams of keys sharing a budget and limits.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
@@ -26,9 +27,12 @@ if TYPE_CHECKING:
 
 
 class KeysAdmin:
-    def __init__(self, hub: StateHub, max_body_bytes: int) -> None:
+    def __init__(
+        self, hub: StateHub, max_body_bytes: int, serves: Callable[[str], bool] | None = None
+    ) -> None:
         self.hub = hub
         self.max_body_bytes = max_body_bytes
+        self.serves = serves  # whether the config now serving has a model: a key may name it
 
     def register(self, admin: Admin) -> None:
         admin.add("GET", "/admin/keys", self.list_keys, write=True)
@@ -74,7 +78,7 @@ class KeysAdmin:
             raise bad_request(f"No team with id {team_id[:80]}.", "team_id")
 
     async def create(self, scope: Scope, receive: Receive, send: Send) -> None:
-        options = key_options(await self._json(scope, receive))
+        options = key_options(await self._json(scope, receive), self.serves)
         await self._check_team(options)
         plaintext, record = await self.hub.keys.create(**options)
         body = orjson.dumps({"key": plaintext, **record.public()})
@@ -113,7 +117,7 @@ class KeysAdmin:
         """Change a key's limits, budget, models, expiry or team: the fields given only."""
         data = await self._json(scope, receive)
         key_id = text_field(data.get("id"), "id")
-        changes = key_changes(data)
+        changes = key_changes(data, serves=self.serves)
         await self._check_team(changes)
         record = await self.hub.keys.update(key_id, changes)
         if record is None:

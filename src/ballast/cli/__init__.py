@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from ballast.cli.common import load_or_exit
+from ballast.cli.common import runnable_or_exit
 from ballast.cli.keys import db_cli, keys_cli, teams_cli
 from ballast.config import masked
 
@@ -24,6 +24,26 @@ cli = typer.Typer(
 cli.add_typer(db_cli, name="db")
 cli.add_typer(keys_cli, name="keys")
 cli.add_typer(teams_cli, name="teams")
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from ballast import __version__
+
+        typer.echo(f"ballast {__version__}")
+        raise typer.Exit()
+
+
+@cli.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Ballast: a self-healing LLM gateway."""
 
 
 def _setup_logging(level: str) -> None:
@@ -36,8 +56,9 @@ def _setup_logging(level: str) -> None:
 
 @cli.command("check-config")
 def check_config(config: Annotated[Path, typer.Argument(help="YAML config file")]) -> None:
-    """Print the resolved config with secrets masked, or every error with its path (exit 2)."""
-    settings = load_or_exit(config)
+    """Print the resolved config with secrets masked, or every error with its path (exit 2):
+    a missing optional extra too, with the command that installs it."""
+    settings = runnable_or_exit(config)
     typer.echo(yaml.safe_dump(masked(settings), sort_keys=False))
 
 
@@ -109,7 +130,7 @@ def serve(
         typer.echo("--ssl-certfile and --ssl-keyfile go together", err=True)
         raise typer.Exit(2)
 
-    settings = load_or_exit(config)
+    settings = runnable_or_exit(config)
     prepare_serve(log_level, log_format, workers)
     _startup_line(settings, host or settings.server.host, port, workers, ssl_certfile)
     os.environ["BALLAST_CONFIG"] = str(config.resolve())
@@ -151,10 +172,15 @@ def sim(
     name: Annotated[str, typer.Option(help="name shown in logs")] = "sim",
 ) -> None:
     """Run the fault-injecting OpenAI-compatible simulator."""
+    from ballast.server.aioweb import CannotListen
     from ballast.sim.server import run_sim
 
     _setup_logging("info")
-    run_sim(host, port, default, name)
+    try:
+        run_sim(host, port, default, name)
+    except CannotListen as exc:
+        typer.echo(f"ballast sim: {exc.strerror}", err=True)
+        raise typer.Exit(1) from None
 
 
 @cli.command()

@@ -14,6 +14,7 @@ from ballast.cli.common import load_or_exit
 from ballast.resilience.clock import SYSTEM_CLOCK
 
 if TYPE_CHECKING:
+    from ballast.config import Settings
     from ballast.state.hub import StateHub
 
 T = TypeVar("T")
@@ -25,13 +26,13 @@ teams_cli = typer.Typer(no_args_is_help=True, help="Teams: keys sharing a budget
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML config file")]
 
 
-def _with_state(config: Path, work: Callable[[StateHub], Awaitable[T]]) -> T:
+def _with_state(config: Path | Settings, work: Callable[[StateHub], Awaitable[T]]) -> T:
     """Run `work(hub)` against the configured database, migrated first."""
     import asyncio
 
     from ballast.state.hub import StateHub
 
-    settings = load_or_exit(config)
+    settings = load_or_exit(config) if isinstance(config, Path) else config
 
     from ballast.api.fleet import announce_key_changes
 
@@ -90,8 +91,9 @@ def keys_create(
         "max_concurrent_jobs": max_jobs,
         "team_id": team,
     }
+    settings = load_or_exit(config)
     try:
-        options = key_options(data)
+        options = key_options(data, settings.serves)
     except ApiError as error:
         typer.echo(error.message, err=True)
         raise typer.Exit(2) from None
@@ -99,7 +101,7 @@ def keys_create(
     async def work(hub: StateHub) -> Any:
         return await hub.keys.create(**options)
 
-    plaintext, record = _with_state(config, work)
+    plaintext, record = _with_state(settings, work)
     typer.echo(f"id:  {record.id}\nkey: {plaintext}\n(store it now: it is not shown again)")
 
 
@@ -185,12 +187,13 @@ def keys_update(
     for field in (clear or "").split(","):
         if field.strip():
             data[field.strip()] = None
-    changes = _checked(key_changes, data)
+    settings = load_or_exit(config)
+    changes = _checked(lambda given: key_changes(given, serves=settings.serves), data)
 
     async def work(hub: StateHub) -> Any:
         return await hub.keys.update(key_id, changes)
 
-    record = _with_state(config, work)
+    record = _with_state(settings, work)
     if record is None:
         typer.echo(f"no key with id {key_id}", err=True)
         raise typer.Exit(1)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
-
 from pydantic import Field, field_validator
 
 from ballast.config.base import Section
@@ -11,7 +9,7 @@ from ballast.config.deployment import Deployment
 from ballast.config.sections.budgets import BudgetSettings, ModelPrice
 from ballast.config.sections.fleet import FleetSettings
 from ballast.config.sections.jobs import JobsSettings
-from ballast.config.sections.models import ModelGroup
+from ballast.config.sections.models import ModelGroup, serves
 from ballast.config.sections.observe import ObserveSettings
 from ballast.config.sections.routing import RoutingSettings
 from ballast.config.sections.server import ServerSettings
@@ -46,12 +44,16 @@ class Settings(Section):
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ValueError(f"duplicate deployment ids: {', '.join(dupes)}")
-        known = set(names)
         for group in groups:
             for other in [*group.fallbacks, *group.context_fallbacks]:
-                if other not in known and not any(fnmatch.fnmatchcase(other, n) for n in names):
+                if not serves(groups, other):
                     raise ValueError(f"model {group.name!r} falls back to unknown model {other!r}")
         return groups
+
+    def serves(self, model: str) -> bool:
+        """True when a request for `model` has a group to go to (the key admin asks, so a
+        key is not given a model nothing serves)."""
+        return serves(self.models, model)
 
     def timeouts_for(self, deployment: Deployment) -> Timeouts:
         return deployment.timeouts.apply(self.timeouts)

@@ -33,13 +33,29 @@ def http_url(value: str) -> str:
     """An upstream's base URL, without its trailing slash; ValueError when it is not one."""
     match = _URL.match(value)
     if not match:
-        raise ValueError("not a URL")
+        raise ValueError(f"not a URL: {_url_problem(value)}")
     if match.group(1) is not None:
         try:
             ipaddress.IPv6Address(match.group(1))
         except ValueError:
             raise ValueError("not a URL (bad IPv6 literal)") from None
     return value.rstrip("/")
+
+
+def _url_problem(value: str) -> str:
+    """Why a value is not an http(s) URL, said without repeating it (it may hold a secret)."""
+    scheme, sep, rest = value.partition("://")
+    if not sep:
+        return "it has no scheme; add http:// or https:// at its start"
+    if scheme.lower() not in ("http", "https"):
+        return "its scheme must be http:// or https://"
+    if scheme not in ("http", "https"):
+        return "write its scheme in lower case (http:// or https://)"
+    if any(ch.isspace() for ch in value):
+        return "it contains a space or another blank"
+    if not rest or rest[0] in "/:?#":
+        return "it has no host after the scheme"
+    return "expected http(s)://host[:port][/path]"
 
 
 def readable(path: str) -> str | None:

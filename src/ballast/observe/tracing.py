@@ -52,11 +52,18 @@ class Tracer:
                 span.set_attribute(key, value)
 
 
-def tracing_wanted(enabled: bool, environ: Mapping[str, str] | None = None) -> bool:
+def tracing_source(enabled: bool, environ: Mapping[str, str] | None = None) -> str | None:
+    """What turns tracing on: the setting, or the variable that is set; None when off."""
     env = os.environ if environ is None else environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
-    return enabled or any(env.get(name) for name in _ENDPOINTS)
+        return None
+    if enabled:
+        return "observe.tracing"
+    return next((name for name in _ENDPOINTS if env.get(name)), None)
+
+
+def tracing_wanted(enabled: bool, environ: Mapping[str, str] | None = None) -> bool:
+    return tracing_source(enabled, environ) is not None
 
 
 def build_tracer(enabled: bool) -> Tracer | None:

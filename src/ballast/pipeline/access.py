@@ -20,7 +20,7 @@ from ballast.pipeline.pricing import Pricing
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.budgets import Budgets, Hold
 from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
-from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter
+from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter, reset_header
 from ballast.state.spend import SpendRecorder, cached_tokens, period_of
 from ballast.state.teams import Team, TeamService
 
@@ -302,7 +302,7 @@ class Access:
         try:
             return self.limiter.acquire_now(limits, estimated)
         except RateLimited as limited:
-            raise _rate_limited(limited, whose) from None
+            raise _rate_limited(limited, limits, whose) from None
 
     async def _limit(self, limits: Limits, estimated: int, whose: str) -> Lease:
         try:
@@ -311,7 +311,7 @@ class Access:
                 lease = await self.limiter.acquire_shared(limits, estimated)
             return lease
         except RateLimited as limited:
-            raise _rate_limited(limited, whose) from None
+            raise _rate_limited(limited, limits, whose) from None
 
     def _give_back(self, holds: tuple[Hold, ...], lease: Lease | None) -> None:
         """A request refused after something was reserved for it."""
@@ -365,12 +365,31 @@ class Access:
         )
 
 
-def _rate_limited(limited: RateLimited, whose: str) -> ApiError:
-    retry = str(max(1, round(limited.retry_after))).encode()
+# What each reason of a refusal counts, and the reset header that goes with it.
+_LIMIT_UNITS = {
+    "requests": ("requests per minute", b"x-ratelimit-reset-requests"),
+    "tokens": ("tokens per minute", b"x-ratelimit-reset-tokens"),
+    "parallel": ("requests at once", None),
+}
+
+
+def _rate_limited(limited: RateLimited, limits: Limits, whose: str) -> ApiError:
+    """A 429 that says the limit and how long to wait. The wait is whole seconds, rounded
+    up so a client that honours it is admitted; the refusing limit's x-ratelimit-reset
+    header gives the same wait (on a refusal, the time until a request fits again)."""
+    reason = limited.reason
+    wait = max(1, math.ceil(limited.retry_after - 1e-6))
+    unit, reset_name = _LIMIT_UNITS[reason]
+    limit = {"requests": limits.rpm, "tokens": limits.tpm, "parallel": limits.max_parallel}
+    headers = [
+        (name, reset_header(wait) if name == reset_name else value)
+        for name, value in limited.headers
+    ]
     return ApiError(
         429,
-        f"Rate limit reached for {limited.reason} on this {whose}.",
+        f"Rate limit reached for {reason} on this {whose}: {limit[reason]} {unit}."
+        f" Retry in {wait} s.",
         "rate_limit_error",
         "rate_limit_exceeded",
-        headers=((b"retry-after", retry), *limited.headers),
+        headers=((b"retry-after", b"%d" % wait), *headers),
     )

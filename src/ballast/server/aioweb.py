@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from typing import Self
 
 from aiohttp import web
+
+
+class CannotListen(OSError):
+    """The address cannot be bound (in use, not this machine's, not allowed): a command
+    says so in one line rather than with a traceback."""
 
 
 async def start_site(
@@ -29,6 +35,11 @@ async def start_site(
     site = web.TCPSite(runner, host, port)
     try:
         await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        shown = f"[{host}]" if ":" in host else host
+        raise CannotListen(exc.errno, f"cannot listen on {shown}:{port}: {reason}") from None
     except BaseException:
         await runner.cleanup()
         raise

@@ -42,7 +42,8 @@ sends one at once. A release that cannot reach Redis is remembered and its lease
 the key's next acquire script (its token correction is dropped: the estimate stands).
 Retry-After for a full parallel limit is 1 s (no one knows when a slot frees); for RPM/TPM
 it is exact, assuming nothing else is admitted meanwhile.
-`x-ratelimit-reset-*` is the time until all current usage has aged out of the window.
+`x-ratelimit-reset-*` is the time until all current usage has aged out of the window; on a
+refusal the pipeline sets the refusing limit's reset to its Retry-After (`access.py`).
 
 Fallback. Without Redis, or whenever the store raises `StoreUnavailable` (its breaker is
 open: zero network calls), each instance enforces its share of every limit:

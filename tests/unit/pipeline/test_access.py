@@ -12,11 +12,12 @@ import sqlalchemy as sa
 
 from ballast.config import Settings
 from ballast.pipeline.access import Access, token_counts
-from ballast.pipeline.context import Ticket
+from ballast.pipeline.context import RequestContext, Ticket
+from ballast.pipeline.errors import ApiError
 from ballast.resilience.clock import ManualClock
 from ballast.state.db import Database
 from ballast.state.keys import KeyRecord, KeyService
-from ballast.state.ratelimit import RateLimiter
+from ballast.state.ratelimit import RateLimiter, reset_header
 from ballast.state.schema import spend_events
 from ballast.state.spend import SpendEvent, SpendRecorder
 
@@ -96,3 +97,54 @@ async def test_a_settled_answer_is_one_complete_spend_row(db: Database, tmp_path
         "", "k1", "2026-12-01", "m", None, 12, 5, 0.0, True, clock.time()
     )
     assert first.id < second.id  # one process's ids sort in the order it recorded them
+
+
+async def test_a_rate_limit_refusal_says_the_limit_and_the_wait(
+    db: Database, tmp_path: Path
+) -> None:
+    """Each kind of refusal names its limit and the wait; Retry-After says the same wait,
+    whole seconds rounded up, and so does the refusing limit's x-ratelimit-reset header."""
+    settings = Settings.model_validate(
+        {
+            "server": {"master_key": "sk-master-0123456789"},
+            "models": [{"name": "m", "deployments": [{"id": "a", "url": "http://127.0.0.1:9"}]}],
+        }
+    )
+    clock = ManualClock(start=60 * 16_667 + 20.0)  # 20 s into a window
+    spend = SpendRecorder(db, None, str(tmp_path / "spend.journal"), clock=clock)
+    access = Access(settings, KeyService(db), RateLimiter(None, clock=clock), spend, clock=clock)
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+
+    def request() -> RequestContext:
+        return RequestContext("/chat/completions", payload, b"x" * 40, "m", False)
+
+    async def refused(key: KeyRecord) -> ApiError:
+        with pytest.raises(ApiError) as caught:
+            await access.admit(key, request())
+        assert caught.value.status == 429 and caught.value.code == "rate_limit_exceeded"
+        return caught.value
+
+    rpm = KeyRecord(id="k-rpm", name="rpm", rpm=1)
+    await access.admit(rpm, request())
+    error = await refused(rpm)
+    headers = dict(error.headers)
+    assert headers[b"retry-after"] == b"100"  # the first window's request ages out at 120 s
+    assert headers[b"x-ratelimit-reset-requests"] == b"1m40s"
+    assert error.message == (
+        "Rate limit reached for requests on this key: 1 requests per minute. Retry in 100 s."
+    )
+
+    tpm = KeyRecord(id="k-tpm", name="tpm", tpm=30)
+    await access.admit(tpm, request())  # 40 bytes / 4 + 10 asked = 20 tokens
+    error = await refused(tpm)
+    headers = dict(error.headers)
+    assert headers[b"x-ratelimit-reset-tokens"] == reset_header(int(headers[b"retry-after"]))
+    assert error.message.startswith("Rate limit reached for tokens on this key: 30 tokens per")
+
+    parallel = KeyRecord(id="k-par", name="par", max_parallel=1)
+    await access.admit(parallel, request())
+    error = await refused(parallel)
+    assert error.message.startswith(
+        "Rate limit reached for parallel on this key: 1 requests at once. Retry in "
+    )
+    assert int(dict(error.headers)[b"retry-after"]) >= 1

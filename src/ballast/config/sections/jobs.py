@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
@@ -16,6 +15,7 @@ from ballast.config.breaker import (
     OpenTime,
     ProbeTimeout,
 )
+from ballast.config.values import http_url
 
 
 class JobBreakerSettings(BreakerSettings):
@@ -57,9 +57,7 @@ class JobBackendSettings(Section):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not re.match(r"^https?://[^/\s:]+(:\d+)?(/\S*)?$", value):
-            raise ValueError("not a URL")
-        return value.rstrip("/")
+        return http_url(value)
 
 
 class JobsSettings(Section):

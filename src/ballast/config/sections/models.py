@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field
@@ -22,3 +24,11 @@ class ModelGroup(Section):
     @property
     def is_wildcard(self) -> bool:
         return any(ch in self.name for ch in "*?[")
+
+
+def serves(groups: Sequence[ModelGroup], model: str) -> bool:
+    """True when a request for `model` resolves to one of the groups: its name, or a
+    wildcard group's pattern it matches."""
+    return any(
+        g.name == model or (g.is_wildcard and fnmatch.fnmatchcase(model, g.name)) for g in groups
+    )
