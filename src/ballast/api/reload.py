@@ -171,6 +171,8 @@ class Reloader:
         app.settings = settings
         app.router = router
         app.pipeline = pipeline
+        if pipeline.access is not None:
+            pipeline.access.use_master_key(settings)  # the old master key stops here
         self.reloads += 1
         app.observer.metrics.deployments(router.targets.values())
         app.observer.note(
