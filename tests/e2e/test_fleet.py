@@ -195,7 +195,7 @@ def test_a_revoked_key_stops_on_both_workers_with_its_old_value_in_its_grace_per
     with together(port, 16) as clients:  # each worker now remembers both values
         assert all(_ask(c, key) == 200 for c in clients for key in (old, rotated["key"]))
     status, body = _request(port, "POST", "/admin/keys/revoke", {"id": created["id"]})
-    assert status == 200
+    assert status == 200 and body["revoked"]
     revoked_at = time.monotonic()
     while True:
         with together(port, 16) as clients:
