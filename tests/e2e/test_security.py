@@ -128,7 +128,12 @@ def test_every_admin_route_needs_the_master_key(stack: Stack) -> None:
     sim = stack.sim("ok")
     gw = stack.gateway(
         {
-            "server": {"master_key": MASTER, "dashboard_token": "dash-token"},
+            "server": {
+                "master_key": MASTER,
+                "dashboard_token": "dash-token",
+                # Every wrong key below must meet its 401, not the lock-out that follows.
+                "admin_failure_limit": 1000,
+            },
             "models": [group("chat", deployment("a", sim))],
         }
     )

@@ -47,3 +47,22 @@ def test_keys_and_teams_from_the_command_line(tmp_path: Path) -> None:
     assert "research" in teams and key_id in teams
     bad = CliRunner().invoke(cli, ["keys", "update", "-c", conf, key_id, "--rpm", str(2**31)])
     assert bad.exit_code == 2 and "rpm" in bad.output
+
+
+def test_check_config_refuses_a_short_master_key(tmp_path: Path) -> None:
+    config = tmp_path / "ballast.yaml"
+    tree = {
+        "server": {"master_key": "x" * 15},
+        "models": [{"name": "chat", "deployments": [{"id": "a", "url": "http://x"}]}],
+    }
+    config.write_text(yaml.safe_dump(tree))
+    result = CliRunner().invoke(cli, ["check-config", str(config)])
+    assert result.exit_code != 0
+    assert "server.master_key" in result.output and "16 characters" in result.output
+    assert "x" * 15 not in result.output
+    tree["server"] = {"master_key": "x" * 16}
+    config.write_text(yaml.safe_dump(tree))
+    _run("check-config", str(config))
+    tree["server"] = {"master_key": ""}  # `${VAR:-}` with VAR unset: no master key
+    config.write_text(yaml.safe_dump(tree))
+    _run("check-config", str(config))

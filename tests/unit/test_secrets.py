@@ -30,7 +30,7 @@ SECRETS = (
     "job-key-8",
     "job-body-secret-9",
     "url-token-10",
-    "master-key-11",
+    "master-key-secret-11",
     "dash-token-12",
     "sk-dep-key-13",
 )
@@ -38,7 +38,7 @@ SECRETS = (
 
 def _config() -> dict[str, object]:
     return {
-        "server": {"master_key": "master-key-11", "dashboard_token": "dash-token-12"},
+        "server": {"master_key": "master-key-secret-11", "dashboard_token": "dash-token-12"},
         "state": {
             "redis_url": "redis://default:redis-pass-6@redis:6379/0",
             "database_url": "postgresql+asyncpg://ballast:pg-pass-7@db/ballast",
