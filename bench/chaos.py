@@ -381,14 +381,14 @@ async def redis_blackhole(h: Harness) -> Row:
         sim = await h.sim(OK)
         url = await h.gateway(
             [{"name": "chat", "deployments": [dep("a", sim)]}],
-            server={"master_key": "sk-chaos-master"},
+            server={"master_key": "sk-chaos-master-key-0123"},
             state={"redis_url": f"redis://127.0.0.1:{port}/0", "redis_timeout": 0.05},
         )
         assert h.session is not None
         async with h.session.post(
             url + "/admin/keys",
             json={"name": "chaos", "rpm": 100000, "tpm": 10**8},
-            headers={"authorization": "Bearer sk-chaos-master"},
+            headers={"authorization": "Bearer sk-chaos-master-key-0123"},
         ) as response:
             key = (await response.json())["key"]
         outcomes = await h.load(url, "chat", headers={"authorization": f"Bearer {key}"})

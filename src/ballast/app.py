@@ -22,11 +22,12 @@ from ballast.api.models import MODELS_PREFIX
 from ballast.api.reload import Generation, Reloader
 from ballast.api.responses.shape import ResponsesShape
 from ballast.cache.service import build_cache
-from ballast.config import Settings
+from ballast.config import Settings, secret_values
 from ballast.gc_tuning import settle_after_startup
 from ballast.jobs.dispatcher import Dispatcher
 from ballast.jobs.store import JobStore
 from ballast.observe.hub import Observer
+from ballast.observe.logs import hide
 from ballast.pipeline.access import Access
 from ballast.pipeline.asgi import JSON, Receive, Scope, Send, send_bytes, send_error
 from ballast.pipeline.errors import ApiError
@@ -181,6 +182,7 @@ class BallastApp:
         await send_bytes(send, 200, [JSON], b'{"status":"ok"}')
 
     async def startup(self) -> None:
+        hide(secret_values(self.settings))  # no log line shows a configured secret
         await self.state.start()
         await self.fleet.start()
         access = Access(

@@ -16,7 +16,7 @@ import pytest
 from tests.e2e.test_routing import FAST, full
 from tests.stack import Gateway, Stack, deployment, group, sqlite_state
 
-MASTER = "sk-master-test"
+MASTER = "sk-master-anthropic-test"
 MESSAGES: list[Any] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 TOOLS: list[Any] = [
     {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}

@@ -182,6 +182,31 @@ def test_a_key_revoked_with_the_cli_stops_working_on_both_workers(
     assert time.monotonic() - revoked_at < PROMPTLY + 0.5
 
 
+def test_a_revoked_key_stops_on_both_workers_with_its_old_value_in_its_grace_period(
+    two_workers: tuple[subprocess.Popen[bytes], int, Path, tuple[Any, Any]],
+) -> None:
+    _, port, _, _ = two_workers
+    status, created = _request(port, "POST", "/admin/keys", {"name": "rotated, then revoked"})
+    assert status == 201
+    old = created["key"]
+    rotate = {"id": created["id"], "grace_seconds": 3600}
+    status, rotated = _request(port, "POST", "/admin/keys/rotate", rotate)
+    assert status == 200
+    with together(port, 16) as clients:  # each worker now remembers both values
+        assert all(_ask(c, key) == 200 for c in clients for key in (old, rotated["key"]))
+    status, body = _request(port, "POST", "/admin/keys/revoke", {"id": created["id"]})
+    assert status == 200 and body["revoked"]
+    revoked_at = time.monotonic()
+    while True:
+        with together(port, 16) as clients:
+            statuses = [_ask(c, key) for c in clients for key in (old, rotated["key"])]
+        if set(statuses) == {401}:
+            break
+        assert time.monotonic() - revoked_at < 10, statuses
+        time.sleep(0.02)
+    assert time.monotonic() - revoked_at < PROMPTLY
+
+
 def _gateways(stack: Stack, tmp_path: Path, redis_url: str | None) -> tuple[Gateway, Gateway]:
     sim = stack.sim("ok?tokens=2")
     state: dict[str, Any] = {

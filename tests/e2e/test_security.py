@@ -128,7 +128,12 @@ def test_every_admin_route_needs_the_master_key(stack: Stack) -> None:
     sim = stack.sim("ok")
     gw = stack.gateway(
         {
-            "server": {"master_key": MASTER, "dashboard_token": "dash-token"},
+            "server": {
+                "master_key": MASTER,
+                "dashboard_token": "dash-token",
+                # Every wrong key below must meet its 401, not the lock-out that follows.
+                "admin_failure_limit": 1000,
+            },
             "models": [group("chat", deployment("a", sim))],
         }
     )
@@ -282,3 +287,35 @@ def test_serve_speaks_tls_with_a_certificate(stack: Stack, tmp_path: Path) -> No
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"model": "chat", "messages": MESSAGES}),
+        ("/v1/messages", {"model": "chat", "messages": MESSAGES, "max_tokens": 5}),
+    ],
+)
+def test_an_upstream_error_echoing_the_deployments_key_reaches_the_client_scrubbed(
+    stack: Stack, path: str, body: dict[str, Any]
+) -> None:
+    upstream_key = "sk-upstream-key-of-the-deployment"
+    sim = stack.sim(f"content_filter?reason=your key {upstream_key} is flagged")
+    gw = stack.gateway(
+        {
+            "server": {"master_key": MASTER},
+            "models": [group("chat", deployment("a", sim, api_key=upstream_key))],
+        }
+    )
+    request = urllib.request.Request(
+        gw.url + path,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"authorization": f"Bearer {MASTER}", "content-type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 400
+    answer = refused.value.read().decode()
+    assert upstream_key not in answer
+    assert "your key **** is flagged" in answer  # the rest passes as the upstream said it

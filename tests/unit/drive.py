@@ -27,13 +27,14 @@ class Client:
         parts: list[bytes],
         complete: bool = True,
         headers: list[tuple[bytes, bytes]] | None = None,
+        query: bytes = b"",
     ) -> None:
         self.scope = {
             "type": "http",
             "method": method,
             "path": path,
             "raw_path": path.encode(),
-            "query_string": b"",
+            "query_string": query,
             "headers": headers or [(b"content-type", b"application/json")],
             "client": ("127.0.0.1", 1),
         }

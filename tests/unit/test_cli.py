@@ -83,3 +83,22 @@ def test_a_key_for_a_model_the_config_does_not_serve_is_refused(tmp_path: Path) 
 
 def test_version_is_the_installed_package_version() -> None:
     assert _run("--version") == f"ballast {importlib.metadata.version('ballast')}\n"
+
+
+def test_check_config_refuses_a_short_master_key(tmp_path: Path) -> None:
+    config = tmp_path / "ballast.yaml"
+    tree = {
+        "server": {"master_key": "x" * 15},
+        "models": [{"name": "chat", "deployments": [{"id": "a", "url": "http://x"}]}],
+    }
+    config.write_text(yaml.safe_dump(tree))
+    result = CliRunner().invoke(cli, ["check-config", str(config)])
+    assert result.exit_code != 0
+    assert "server.master_key" in result.output and "16 characters" in result.output
+    assert "x" * 15 not in result.output
+    tree["server"] = {"master_key": "x" * 16}
+    config.write_text(yaml.safe_dump(tree))
+    _run("check-config", str(config))
+    tree["server"] = {"master_key": ""}  # `${VAR:-}` with VAR unset: no master key
+    config.write_text(yaml.safe_dump(tree))
+    _run("check-config", str(config))

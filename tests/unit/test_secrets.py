@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from ballast.cli import cli
-from ballast.config import ConfigError, load_settings, masked, parse_settings
-from ballast.observe.logs import JsonFormatter, TextFormatter
+from ballast.config import ConfigError, load_settings, masked, parse_settings, secret_values
+from ballast.observe.logs import JsonFormatter, TextFormatter, hide, setup_logging, stop_logging
 from ballast.observe.metrics import Metrics
 
 SECRETS = (
@@ -30,7 +30,7 @@ SECRETS = (
     "job-key-8",
     "job-body-secret-9",
     "url-token-10",
-    "master-key-11",
+    "master-key-secret-11",
     "dash-token-12",
     "sk-dep-key-13",
 )
@@ -38,7 +38,7 @@ SECRETS = (
 
 def _config() -> dict[str, object]:
     return {
-        "server": {"master_key": "master-key-11", "dashboard_token": "dash-token-12"},
+        "server": {"master_key": "master-key-secret-11", "dashboard_token": "dash-token-12"},
         "state": {
             "redis_url": "redis://default:redis-pass-6@redis:6379/0",
             "database_url": "postgresql+asyncpg://ballast:pg-pass-7@db/ballast",
@@ -173,3 +173,42 @@ def test_metric_labels_take_only_configured_model_names() -> None:
         if s.name == "ballast_fallbacks_total"
     }
     assert labels == {("gpt-*", "chat"): 300.0, ("other", "backup"): 300.0}
+
+
+def test_secret_values_are_every_configured_secret() -> None:
+    found = secret_values(parse_settings(_config(), environ={}))
+    assert {*SECRETS, "also-hidden"} <= found
+    assert (
+        "gemini" not in found and "https://gen.example.com/v1?key=url-token-10&alt=sse" not in found
+    )
+
+
+@pytest.mark.parametrize("formatter", [JsonFormatter(), TextFormatter()])
+def test_log_fields_are_masked_like_messages(formatter: logging.Formatter) -> None:
+    key = "sk-bl-" + "A1b2C3d4" * 5
+    for given in (f"Bearer {key}", key, f"x?token={key}"):
+        line = formatter.format(_record("request", request_id=given, status=401))
+        assert "A1b2C3d4" not in line and "401" in line
+    hide(["configured-secret-value-1"])
+    line = formatter.format(_record("request", request_id="configured-secret-value-1"))
+    assert "configured-secret-value-1" not in line
+
+
+def test_debug_lets_ballasts_own_lines_through_and_no_other_librarys() -> None:
+    out = io.StringIO()
+    root = logging.getLogger()
+    before = root.level, logging.getLogger("ballast").level, logging.getLogger("uvicorn").level
+    setup_logging("debug", "text", out)
+    try:
+        logging.getLogger("ballast.keys").debug("ballast-debug-line")
+        logging.getLogger("aiosqlite").debug("executing SELECT with the key hash")
+        logging.getLogger("sqlalchemy.engine").debug("parameters: secret")
+        logging.getLogger("aiosqlite").warning("aiosqlite-warning-line")
+    finally:
+        stop_logging()
+        root.setLevel(before[0])
+        logging.getLogger("ballast").setLevel(before[1])
+        logging.getLogger("uvicorn").setLevel(before[2])
+    text = out.getvalue()
+    assert "ballast-debug-line" in text and "aiosqlite-warning-line" in text
+    assert "key hash" not in text and "parameters" not in text

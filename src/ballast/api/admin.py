@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,14 +19,27 @@ from ballast.api.fleet import Fleet
 from ballast.api.reload import Gateway, Reloader
 from ballast.config import masked
 from ballast.observe.metrics import CONTENT_TYPE
-from ballast.pipeline.asgi import JSON, Receive, Scope, Send, header, send_bytes, send_error
+from ballast.pipeline.asgi import (
+    JSON,
+    Receive,
+    Scope,
+    Send,
+    header,
+    require_json,
+    send_bytes,
+    send_error,
+)
 from ballast.pipeline.errors import ApiError
+from ballast.resilience.lockout import Lockout
+from ballast.types import Message
 
 log = logging.getLogger("ballast.admin")
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 NOT_CONFIGURED = {"status": "not configured"}
+# On every admin answer and the dashboard: no other site may show them in a frame.
+UNFRAMED = [(b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'")]
 
 
 def process_stats() -> dict[str, Any]:
@@ -41,7 +55,10 @@ def process_stats() -> dict[str, Any]:
     return stats
 
 
-def _token(scope: Scope) -> str | None:
+def _token(scope: Scope, write: bool) -> str | None:
+    """The credential given: `Authorization: Bearer`, or for reading only `?token=` (a
+    query string ends up in logs, histories and Referer headers: never the master key's
+    way to write)."""
     value = header(scope, b"authorization")
     if value is not None:
         text = value.decode("latin-1").strip()
@@ -49,7 +66,7 @@ def _token(scope: Scope) -> str | None:
             return text[7:].strip() or None
         return None
     query = scope.get("query_string") or b""
-    if b"token=" in query:
+    if not write and b"token=" in query:
         tokens: list[str] | None = parse_qs(query.decode("latin-1")).get("token")
         if tokens:
             return tokens[0]
@@ -77,12 +94,25 @@ def _unauthorized(message: str) -> ApiError:
     return ApiError(401, message, "invalid_request_error", "invalid_api_key")
 
 
+def _unframed(send: Send) -> Send:
+    """`send`, with the headers that keep an answer out of other sites' frames."""
+
+    async def framed(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *UNFRAMED]}
+        await send(message)
+
+    return framed
+
+
 class Admin:
     def __init__(self, app: Gateway, reloader: Reloader, fleet: Fleet | None = None) -> None:
         self.app = app
         self.reloader = reloader
         self.fleet = fleet
         self.started = app.clock.time()
+        server = app.settings.server
+        self.lockout = Lockout(server.admin_failure_limit, server.admin_lockout, app.clock)
         if fleet is not None:
             self._join(fleet)
         self._routes: dict[tuple[str, str], tuple[Handler, bool]] = {
@@ -155,13 +185,26 @@ class Admin:
                 "permission_error",
                 "admin_disabled",
             )
-        given = _token(scope)
+        lockout = self.lockout
+        lockout.limit, lockout.window = server.admin_failure_limit, server.admin_lockout
+        client = scope.get("client")
+        caller = str(client[0]) if client else ""
+        wait = lockout.retry_after(caller)
+        if wait > 0:
+            raise ApiError(
+                429,
+                "Too many wrong admin keys from this address; retry later.",
+                "rate_limit_error",
+                "admin_locked_out",
+                headers=((b"retry-after", str(math.ceil(wait)).encode()),),
+            )
+        given = _token(scope, write)
         if given is None:
             raise _unauthorized("You didn't provide the admin key (Authorization: Bearer <key>).")
-        if _same(given, server.master_key):
+        if _same(given, server.master_key) or (not write and _same(given, server.dashboard_token)):
+            lockout.succeeded(caller)
             return
-        if not write and _same(given, server.dashboard_token):
-            return
+        lockout.failed(caller)
         raise _unauthorized("Incorrect admin key provided.")
 
     # -- dispatch ---------------------------------------------------------------------
@@ -170,11 +213,14 @@ class Admin:
         """Everything under /admin/."""
         path: str = scope["path"]
         method: str = scope["method"]
+        send = _unframed(send)
         try:
             found = self._routes.get((method, path))
             if found is not None:
                 handler, write = found
                 self.authorize(scope, write)
+                if method == "POST":
+                    require_json(scope)  # a form cannot create a key or reload the config
                 await handler(scope, receive, send)
                 return
             parts = path.split("/")
@@ -183,6 +229,7 @@ class Admin:
                 if method != "POST":
                     raise ApiError(405, f"Method {method} is not allowed on {path[:200]}.")
                 self.authorize(scope, True)
+                require_json(scope)
                 await self.set_drained(send, parts[3], parts[4] == "drain")
                 return
             if any(p == path for _, p in self._routes):
@@ -201,13 +248,14 @@ class Admin:
         try:
             self.authorize(scope, False)
         except ApiError as error:
-            await send_error(send, error, [])
+            await send_error(_unframed(send), error, [])
             return
         headers = [
             (b"content-type", b"text/html; charset=utf-8"),
             (b"cache-control", b"no-store"),
             (b"referrer-policy", b"no-referrer"),
             (b"x-content-type-options", b"nosniff"),
+            *UNFRAMED,
         ]
         await send_bytes(send, 200, headers, page())
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import orjson
 
 from ballast.pipeline.context import RequestContext
+from ballast.pipeline.duplicate_keys import DuplicateKeys
 from ballast.pipeline.errors import bad_request
 from ballast.pipeline.shape import Shape
 
@@ -16,6 +17,23 @@ _BOUNDED = (
     ("n", 1, 128),
     ("max_tokens", 0, 1 << 24),
     ("max_completion_tokens", 0, 1 << 24),
+)
+# The fields read from the body here and on the way (pricing, the cache, continuation and
+# hedging): none may be given twice.
+_DUPLICATES = DuplicateKeys(
+    (
+        "model",
+        "stream",
+        "stream_options",
+        "n",
+        "max_tokens",
+        "max_completion_tokens",
+        "fallbacks",
+        "cache",
+        "logprobs",
+        "best_of",
+        "echo",
+    )
 )
 
 
@@ -27,6 +45,7 @@ def parse_request(path: str, body: bytes) -> RequestContext:
         raise bad_request("We could not parse the JSON body of your request.") from None
     if not isinstance(payload, dict):
         raise bad_request("The request body must be a JSON object.")
+    _DUPLICATES.check(body)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("You must provide a model parameter.", "model")

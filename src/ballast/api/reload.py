@@ -16,9 +16,10 @@ from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from ballast.api.routes import build_routes
-from ballast.config import ConfigError, Settings, load_settings
+from ballast.config import ConfigError, Settings, load_settings, secret_values
 from ballast.gc_tuning import settle_after_retire
 from ballast.observe.hub import Observer
+from ballast.observe.logs import hide
 from ballast.pipeline.pipeline import Pipeline
 from ballast.pipeline.shape import Shape
 from ballast.resilience.clock import Clock
@@ -171,6 +172,9 @@ class Reloader:
         app.settings = settings
         app.router = router
         app.pipeline = pipeline
+        if pipeline.access is not None:
+            pipeline.access.use_master_key(settings)  # the old master key stops here
+        hide(secret_values(settings))
         self.reloads += 1
         app.observer.metrics.deployments(router.targets.values())
         app.observer.note(

@@ -13,7 +13,7 @@ from ballast.config.deployment import Deployment, DeploymentTls
 from ballast.config.errors import ConfigError
 from ballast.config.loading import expand_env, load_settings, parse_settings, yaml_problem
 from ballast.config.options import AnthropicOptions, AwsSettings, AzureOptions, GoogleSettings
-from ballast.config.secrets import MASK, is_secret_name, mask_url, masked
+from ballast.config.secrets import MASK, is_secret_name, mask_url, masked, scrub, secret_values
 from ballast.config.sections.budgets import BudgetSettings, ModelPrice
 from ballast.config.sections.cache import CacheSettings
 from ballast.config.sections.fleet import FleetSettings
@@ -67,5 +67,7 @@ __all__ = [
     "mask_url",
     "masked",
     "parse_settings",
+    "scrub",
+    "secret_values",
     "yaml_problem",
 ]

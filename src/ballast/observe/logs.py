@@ -14,11 +14,12 @@ import queue
 import re
 import sys
 import time
+from collections.abc import Iterable
 from typing import IO, Any
 
 import orjson
 
-from ballast.config import mask_url
+from ballast.config import MASK, mask_url, scrub
 
 ACCESS = logging.getLogger("ballast.access")
 EVENTS = logging.getLogger("ballast.events")
@@ -30,23 +31,41 @@ _SECRET_KEYS = frozenset(
 
 
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
+# Keys as OpenAI, Anthropic and Ballast itself (`sk-bl-`) shape them.
+_KEY_SHAPED = re.compile(r"\bsk-[A-Za-z0-9_-]{16,}")
+# The configured secrets' values (`hide`): masked wherever they appear in a line.
+_hidden: tuple[str, ...] = ()
+
+
+def hide(secrets: Iterable[str]) -> None:
+    """Mask these values (the config's secrets) in every line from now on, as well as those
+    hidden before (a reload's old master key is still a secret)."""
+    global _hidden
+    every = {*_hidden, *secrets}
+    _hidden = tuple(sorted(every, key=len, reverse=True))  # a longer one before its part
 
 
 def redact(text: str) -> str:
-    """A message with what looks like a credential masked: `?token=` and other secret query
-    parameters (uvicorn's access lines at debug carry the whole path), passwords in URLs,
-    bearer tokens. Runs on the log writer's thread, never on the request path."""
+    """A message or a field with what looks like a credential masked: `?token=` and other
+    secret query parameters (uvicorn's access lines at debug carry the whole path),
+    passwords in URLs, bearer tokens, key-shaped words and the config's own secrets. Runs
+    on the log writer's thread, never on the request path."""
     if "=" in text or "://" in text:
         text = mask_url(text)
     if "earer " in text or "asic " in text:
         text = _BEARER.sub(r"\1 ****", text)
-    return text
+    if "sk-" in text:
+        text = _KEY_SHAPED.sub("sk-****", text)
+    return scrub(text, _hidden, MASK) if _hidden else text
 
 
 def _clean(fields: dict[str, Any]) -> dict[str, Any]:
-    if _SECRET_KEYS.isdisjoint(k.lower() for k in fields):
-        return fields
-    return {k: ("****" if k.lower() in _SECRET_KEYS else v) for k, v in fields.items()}
+    """A line's fields with secrets masked: by their name, and in every text value (a client
+    can put a key in any header Ballast logs, such as `x-request-id`)."""
+    return {
+        k: ("****" if k.lower() in _SECRET_KEYS else redact(v) if isinstance(v, str) else v)
+        for k, v in fields.items()
+    }
 
 
 _PLAIN = re.compile(r"[^\s\"=\\\x00-\x1f\x7f]*")
@@ -155,15 +174,26 @@ def setup_logging(
         server_log = logging.getLogger(name)
         server_log.handlers.clear()
         server_log.propagate = True
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    chosen = getattr(logging, level.upper(), logging.INFO)
+    for name in ("ballast", "uvicorn"):  # Ballast's own lines and its server's
+        logging.getLogger(name).setLevel(chosen)
+    # Other libraries answer to the root, which never goes below info: at debug, aiosqlite
+    # logs SQL parameters (every key's hash, job inputs) and others log as much.
+    root.setLevel(max(chosen, logging.INFO))
 
 
-def _stop() -> None:
+def stop_logging() -> None:
+    """Write what is queued and take the handler off (at exit, and in tests)."""
+    global _listener, _installed
+    if _installed is not None:
+        logging.getLogger().removeHandler(_installed)
+        _installed = None
     if _listener is not None:
         _listener.stop()
+        _listener = None
 
 
-atexit.register(_stop)
+atexit.register(stop_logging)
 
 
 def access_logged() -> bool:

@@ -96,8 +96,6 @@ class Access:
         budgets: Budgets | None = None,
         teams: TeamService | None = None,
     ) -> None:
-        master = settings.server.master_key
-        self._master = master.get_secret_value().encode() if master is not None else None
         self.keys = keys
         self.limiter = limiter
         self.spend = spend
@@ -107,7 +105,7 @@ class Access:
         self.teams = teams
         self.gate = BudgetGate(budgets, self.pricing, spend, clock)
         self.unpriced_with_budgets: list[str] = []  # deployment ids, found at start-up
-        self.enabled = self._master is not None
+        self.enabled = False
         # While open, whether a key exists is asked again at most this often (any worker or
         # instance may create the first one); once one exists, Ballast stays closed.
         self.open_recheck = 1.0
@@ -124,6 +122,18 @@ class Access:
         # Kept no longer than the key service's cache keeps the key; a revocation here
         # voids every entry.
         self._recent: dict[bytes, tuple[KeyRecord, float, int]] = {}
+        self._master: bytes | None = None
+        self.use_master_key(settings)
+
+    def use_master_key(self, settings: Settings) -> None:
+        """Take the master key of `settings` (at start-up and on every reload): the old one
+        stops at once, and no Authorization value remembered as it is trusted any longer."""
+        master = settings.server.master_key
+        secret = master.get_secret_value() if master is not None else ""
+        self._master = secret.encode("utf-8", "surrogatepass") if secret else None
+        if master is not None:  # set, even if empty: requests need a key from now on
+            self.enabled = True
+        self._recent = {}
 
     async def start(self) -> None:
         if not self.enabled:

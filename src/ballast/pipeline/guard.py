@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ballast.config import MASK, scrub
 from ballast.pipeline.asgi import JSON, ClientGone
 from ballast.pipeline.errors import ApiError, from_failure
 from ballast.pipeline.pipeline import Pipeline
@@ -70,6 +71,7 @@ class Guard:
         headers = self.pipeline.expose.filter(failure.headers)
         headers.append(JSON)
         status, body = failure.status or 502, failure.body or b""
+        body = scrub(body, self.pipeline.secrets, MASK.encode())  # an upstream echoing our key
         if responder.shape.translates:
             status, body = responder.shape.passthrough(status, body)
         await responder.answer(status, headers, body)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ballast.config import Settings
+from ballast.config import Settings, secret_values
 from ballast.pipeline.access import token_counts
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.respond import HeaderAllowlist
@@ -34,6 +34,8 @@ class Pipeline:
         self.keepalive = settings.routing.stream_keepalive
         self.headers_at_once = settings.routing.stream_headers_at_once
         self.expose = HeaderAllowlist(settings.upstream.expose_headers)
+        # Ballast's own upstream credentials: never passed on in an upstream's error body.
+        self.secrets = tuple(value.encode() for value in secret_values(settings))
         self.access: Access | None = None
         self.cache: ResponseCache | None = None  # used by groups with `cache`
 

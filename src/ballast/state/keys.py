@@ -298,14 +298,16 @@ class KeyService:
             return int((await connection.execute(query)).scalar_one())
 
     async def revoke(self, key_id: str) -> bool:
+        """Revoke a key: its current value and, if it was rotated with a grace period, its
+        old one too, here at once and elsewhere as far as the listeners reach."""
         async with self.db.begin() as connection:
             result = await connection.execute(
                 api_keys.update()
                 .where(api_keys.c.id == key_id)
                 .values(revoked=True)
-                .returning(api_keys.c.key_hash)
+                .returning(api_keys.c.key_hash, api_keys.c.previous_hash)
             )
-            hashes = [row.key_hash for row in result]
+            hashes = [h for row in result for h in row if h]
         await self._changed(key_id, hashes)
         return bool(hashes)
 

@@ -88,3 +88,27 @@ async def test_a_swap_keeps_the_breaker_health_and_drain_of_an_unchanged_deploym
         assert b.id not in app.router.targets
     finally:
         await app.shutdown()
+
+
+async def test_a_new_master_key_works_on_v1_and_the_old_one_stops_after_a_reload(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    config = tree(tmp_path, ("a", "http://127.0.0.1:9/v1"))
+    app = await started(config, clock)
+
+    async def status(key: str) -> int | None:
+        headers = [(b"authorization", f"Bearer {key}".encode())]
+        client = Client(app, "GET", "/v1/models", [b""], headers=headers)
+        await client.done()
+        return client.status
+
+    try:
+        assert await status(MASTER) == 200  # now remembered by its Authorization value
+        new = MASTER + "-rotated"
+        config["server"]["master_key"] = new
+        await app.reloader.swap(parse_settings(config, environ={}))
+        assert await status(MASTER) == 401
+        assert await status(new) == 200
+    finally:
+        await app.shutdown()

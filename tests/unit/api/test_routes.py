@@ -101,3 +101,22 @@ async def test_with_the_key_the_unknown_model_is_told_apart(app: BallastApp) -> 
         assert b"no-such-model" in body
     status, _ = await _answer(app, "GET", "/v1/models/no-such-model", b"", headers)
     assert status == 404
+
+
+@pytest.mark.parametrize("path", POSTS)
+@pytest.mark.parametrize("first", [b'"model":"secret"', b'"mod\\u0065l":"secret"'])
+async def test_a_read_field_given_twice_is_refused_in_the_routes_shape(
+    app: BallastApp, path: str, first: bytes
+) -> None:
+    """Checked as one model, answered as another by an upstream that keeps the first pair:
+    a 400 naming the field, in the route's own error shape."""
+    headers = [(b"authorization", f"Bearer {MASTER}".encode())]
+    body = b"{" + first + b"," + _body(path, "chat")[1:]
+    status, answer = await _answer(app, "POST", path, body, headers)
+    assert status == 400, (path, answer)
+    error = orjson.loads(answer)
+    if path.startswith("/v1/messages"):
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+        assert "'model'" in error["error"]["message"]
+    else:
+        assert error["error"]["param"] == "model" and "'model'" in error["error"]["message"]

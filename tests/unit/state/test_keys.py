@@ -77,6 +77,28 @@ async def test_revoke(db: Database) -> None:
     assert count == 1
 
 
+async def test_revoking_a_rotated_key_stops_its_old_value_in_its_grace_period_too(
+    db: Database,
+) -> None:
+    clock = ManualClock()
+    keys = KeyService(db, clock=clock, cache_ttl=30.0)
+    other = KeyService(db, clock=clock, cache_ttl=30.0)  # another worker, on the same database
+    old, record = await keys.create("a")
+    rotated = await keys.rotate(record.id, grace=3600.0)
+    assert rotated is not None
+    new = rotated[0]
+    for service in (keys, other):  # both remember both values
+        for plaintext in (old, new):
+            found = await service.lookup(plaintext)
+            assert found is not None and not found.revoked
+    assert await keys.revoke(record.id)
+    other.forget(record.id)  # what the fleet tells every other worker
+    for service in (keys, other):
+        for plaintext in (old, new):
+            found = await service.lookup(plaintext)
+            assert found is None or found.revoked, plaintext
+
+
 async def test_a_key_remembered_by_its_header_still_expires_revokes_and_is_rechecked(
     db: Database, tmp_path: Path
 ) -> None:

@@ -15,8 +15,12 @@ from ballast.api.messages.stream import MessagesStream
 from ballast.pipeline.access import estimate_prompt_tokens
 from ballast.pipeline.asgi import Scope, header
 from ballast.pipeline.context import RequestContext
+from ballast.pipeline.duplicate_keys import DuplicateKeys
 from ballast.pipeline.errors import ApiError, bad_request
 from ballast.pipeline.shape import Shape
+
+# The fields read before the body is translated (the translation re-encodes the rest).
+_DUPLICATES = DuplicateKeys(("model", "max_tokens", "stream", "fallbacks", "cache"))
 
 
 def _fallbacks(chat: dict[str, Any]) -> tuple[str, ...]:
@@ -42,6 +46,8 @@ class MessagesShape(Shape):
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
             raise bad_request("We could not parse the JSON body of your request.") from None
+        if isinstance(payload, dict):
+            _DUPLICATES.check(body)
         chat = to_chat(payload, counting)
         fallbacks = _fallbacks(chat)
         raw = orjson.dumps(chat)

@@ -24,6 +24,7 @@ from ballast.api.responses.request import to_chat
 from ballast.api.responses.stream import ResponseStream
 from ballast.config import ModelGroup
 from ballast.pipeline.context import RequestContext
+from ballast.pipeline.duplicate_keys import DuplicateKeys
 from ballast.pipeline.errors import ApiError, bad_request
 from ballast.pipeline.shape import Shape, StreamTranslator
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
@@ -31,6 +32,10 @@ from ballast.stream.event import StreamEvent, raw
 
 Resolve = Callable[[str], ModelGroup | None]
 _MAX_OUTPUT = 1 << 24
+# The fields read from the body (a native request forwards the client's bytes as they are).
+_DUPLICATES = DuplicateKeys(
+    ("model", "stream", "max_output_tokens", "fallbacks", "cache", "background")
+)
 
 
 @dataclass(slots=True)
@@ -173,6 +178,7 @@ def _load(body: bytes) -> dict[str, Any]:
         raise bad_request("We could not parse the JSON body of your request.") from None
     if not isinstance(payload, dict):
         raise bad_request("The request body must be a JSON object.")
+    _DUPLICATES.check(body)
     return payload
 
 
