@@ -18,7 +18,7 @@ from ballast.resilience.failures import Failure
 from ballast.routing.attempt import Attempt
 from ballast.routing.attempt_loop import AttemptLoop, Attempts, Exchange, Routable, first_success
 from ballast.routing.targets import Target
-from ballast.stream.assemble import assemble
+from ballast.stream.assemble import assemble_payload
 from ballast.stream.collect import collect
 from ballast.stream.event import StreamEvent
 from ballast.stream.exchange import UpstreamStream, open_stream
@@ -153,7 +153,7 @@ class Dispatch:
                 streamed = request_for(attempt, as_stream(call), model, True)
 
                 def collected(request: UpstreamRequest) -> Awaitable[Reply]:
-                    return collect(upstream, request, clock, partial(assemble, call.path))
+                    return collect(upstream, request, clock, partial(assemble_payload, call.path))
 
                 return self._routed(attempt, attempts, call, model, streamed, collected)
             until = self._whole_answer_deadline(attempt, attempts) if others else None

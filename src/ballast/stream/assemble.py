@@ -30,6 +30,15 @@ def assemble(path: str, events: list[StreamEvent], usage: Any = None) -> bytes |
     """The complete body for a stream the client received whole, or None when it was not
     (an error event, a choice that never finished, no `[DONE]`, or anything not understood:
     such an answer is simply not cached)."""
+    answer = assemble_payload(path, events, usage)
+    return None if answer is None else orjson.dumps(answer)
+
+
+def assemble_payload(
+    path: str, events: list[StreamEvent], usage: Any = None
+) -> dict[str, Any] | None:
+    """`assemble`'s answer as the object it encodes (for a caller that reads it, so it is
+    not parsed back from its bytes)."""
     if path == "/responses":
         return _final_response(events)
     chat = path == "/chat/completions"
@@ -72,7 +81,7 @@ def assemble(path: str, events: list[StreamEvent], usage: Any = None) -> bytes |
     ]
     if isinstance(usage, dict):
         body["usage"] = usage
-    return orjson.dumps(body)
+    return body
 
 
 def _merge_choice(choices: dict[int, _Choice], raw: Any, chat: bool) -> bool:
@@ -94,7 +103,7 @@ def _merge_choice(choices: dict[int, _Choice], raw: Any, chat: bool) -> bool:
     return not isinstance(delta, dict) or _merge_delta(choice, delta)
 
 
-def _final_response(events: list[StreamEvent]) -> bytes | None:
+def _final_response(events: list[StreamEvent]) -> dict[str, Any] | None:
     """A Responses stream's whole answer: the Response its last event carries (OpenAI sends
     the complete object with `response.completed`), or None when it did not complete."""
     for event in reversed(events):
@@ -104,7 +113,7 @@ def _final_response(events: list[StreamEvent]) -> bytes | None:
         kind = final.get("type") if isinstance(final, dict) else None
         response = final.get("response") if isinstance(final, dict) else None
         if kind in ("response.completed", "response.incomplete") and isinstance(response, dict):
-            return orjson.dumps(response)
+            return response
         return None
     return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -22,12 +23,12 @@ async def collect(
     upstream: Upstream,
     request: UpstreamRequest,
     clock: Clock,
-    assemble: Callable[[list[StreamEvent]], bytes | None],
+    assemble: Callable[[list[StreamEvent]], dict[str, Any] | None],
 ) -> Reply:
     """A whole answer asked for as a stream (`body` asks for one), so the two stream clocks
     guard it: a silent or stalled upstream fails in seconds, not at the request deadline,
     and the attempt loop fails over before the client has waited long. `assemble` turns the
-    events into the answer's body. An upstream that answers whole anyway (it ignored the
+    events into the answer's object. An upstream that answers whole anyway (it ignored the
     request's `stream`) is read as `fetch` reads it, within the attempt's time."""
     now = clock.monotonic()
     path, wire, until = request.path, request.wire, request.until
@@ -57,7 +58,7 @@ async def collect(
         raise Failure(
             failures.BAD_RESPONSE, "a streamed answer that does not add up", deployment=upstream.id
         )
-    return Reply(200, stream.headers, assembled, orjson.loads(assembled))
+    return Reply(200, stream.headers, orjson.dumps(assembled), assembled)
 
 
 async def _whole(
