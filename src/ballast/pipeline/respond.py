@@ -80,6 +80,7 @@ class Responder:
         "_send",
         "began",
         "deployment",
+        "error_code",
         "extra",
         "first",
         "request_id",
@@ -112,6 +113,7 @@ class Responder:
         self.first = 0.0  # when a stream's first event went out
         self.stream_error = False
         self.deployment: str | None = None  # the deployment a stream came from
+        self.error_code: str | None = None  # the code of the error Ballast answered with
 
     def send(self, message: Message) -> Awaitable[None]:
         """The server's `send`, after a look at the message (no coroutine of its own)."""
@@ -147,6 +149,7 @@ class Responder:
     async def error(self, error: ApiError) -> None:
         """An error in the client's shape: a status and a body before the response started;
         an SSE error event that ends a started stream; nothing for a started answer."""
+        self.error_code = error.code
         if not self.started:
             status, body = self.shape.error(error)
             await self.answer(status, [JSON, *error.headers], body)
