@@ -298,14 +298,16 @@ class KeyService:
             return int((await connection.execute(query)).scalar_one())
 
     async def revoke(self, key_id: str) -> bool:
+        """The key refused from now on: its value, and a rotated key's old value still in
+        its grace period (both are forgotten by the caches)."""
         async with self.db.begin() as connection:
             result = await connection.execute(
                 api_keys.update()
                 .where(api_keys.c.id == key_id)
                 .values(revoked=True)
-                .returning(api_keys.c.key_hash)
+                .returning(api_keys.c.key_hash, api_keys.c.previous_hash)
             )
-            hashes = [row.key_hash for row in result]
+            hashes = [h for row in result for h in row if h]
         await self._changed(key_id, hashes)
         return bool(hashes)
 

@@ -77,6 +77,21 @@ async def test_revoke(db: Database) -> None:
     assert count == 1
 
 
+async def test_revoking_a_rotated_key_ends_its_old_value_too(db: Database) -> None:
+    keys = KeyService(db, clock=ManualClock(), cache_ttl=30)
+    old, record = await keys.create("a")
+    rotated = await keys.rotate(record.id, grace=600.0)
+    assert rotated is not None
+    new = rotated[0]
+    for value in (old, new):  # both known, and cached
+        found = await keys.lookup(value)
+        assert found is not None and not found.revoked
+    assert await keys.revoke(record.id)
+    for value in (old, new):
+        found = await keys.lookup(value)
+        assert found is not None and found.revoked, value is old
+
+
 async def test_a_key_remembered_by_its_header_still_expires_revokes_and_is_rechecked(
     db: Database, tmp_path: Path
 ) -> None:
