@@ -14,6 +14,7 @@ let credential = sessionStorage.getItem(STORE);
 let canWrite = false;
 let teams = [];
 let refresh = null;
+let editing = null; // the key or team the open form edits
 
 // -- building the page ------------------------------------------------------------------
 
@@ -140,6 +141,12 @@ function signOut(message) {
   credential = null;
   sessionStorage.removeItem(STORE);
   clearInterval(refresh);
+  // Nothing read with the credential stays on the page once it is gone.
+  for (const body of document.querySelectorAll("main tbody")) body.replaceChildren();
+  for (const box of ["#models", "#chart", "#secret-value"]) $(box).replaceChildren();
+  for (const form of document.querySelectorAll("form.editor")) form.hidden = true;
+  $("#secret").hidden = true;
+  $("#notice").hidden = true;
   for (const page of PAGES) $("#page-" + page).hidden = true;
   $("#nav").hidden = true;
   $("#who").hidden = true;
@@ -236,8 +243,10 @@ function setForm(form, values) {
 }
 
 // The form's fields as the API takes them: an empty field is null (a limit cleared) in an
-// update and left out of a new key.
-function formFields(form, update) {
+// update and left out of something new. An update (`original` given) sends only the fields
+// changed, so the audit log says what changed.
+function formFields(form, original) {
+  const update = Boolean(original);
   const out = {};
   for (const input of form.querySelectorAll("input[name], select[name]")) {
     const name = input.name;
@@ -249,6 +258,8 @@ function formFields(form, update) {
     else if (input.type === "number") value = name === "budget" ? Number(text) : parseInt(text, 10);
     else value = text;
     if (value === null && (!update || name === "name" || name === "budget_period")) continue;
+    const before = update && original[name] !== undefined ? original[name] : null;
+    if (update && JSON.stringify(value) === JSON.stringify(before)) continue;
     out[name] = value;
   }
   return out;
@@ -262,6 +273,7 @@ function showSecret(value) {
 function editKey(key) {
   const form = $("#key-form");
   $("#key-form-title").textContent = key ? "Edit " + key.name : "New key";
+  editing = key;
   setForm(form, key || {});
   form.hidden = false;
   $("#rotate-form").hidden = true;
@@ -291,10 +303,10 @@ async function saveKey(event) {
   const id = field(form, "id").value;
   await attempt(async () => {
     if (id) {
-      await api("POST", "keys/update", { id, ...formFields(form, true) });
+      await api("POST", "keys/update", { id, ...formFields(form, editing) });
       notice("Saved.");
     } else {
-      const made = await api("POST", "keys", formFields(form, false));
+      const made = await api("POST", "keys", formFields(form, null));
       showSecret(made.key);
     }
     form.hidden = true;
@@ -337,6 +349,7 @@ async function loadTeams() {
 function editTeam(team) {
   const form = $("#team-form");
   $("#team-form-title").textContent = team ? "Edit " + team.name : "New team";
+  editing = team;
   setForm(form, team || {});
   form.hidden = false;
   field(form, "name").focus();
@@ -347,8 +360,8 @@ async function saveTeam(event) {
   const form = event.target;
   const id = field(form, "id").value;
   await attempt(async () => {
-    if (id) await api("POST", "teams/update", { id, ...formFields(form, true) });
-    else await api("POST", "teams", formFields(form, false));
+    if (id) await api("POST", "teams/update", { id, ...formFields(form, editing) });
+    else await api("POST", "teams", formFields(form, null));
     notice("Saved.");
     form.hidden = true;
     await loadTeams();
@@ -388,6 +401,8 @@ function drawChart(box, series, step, since, until) {
   let highest = 0;
   for (const s of shown) for (const p of s.points) highest = Math.max(highest, p.cost);
   if (highest === 0) highest = 1;
+  // Enough decimals that the axis' five labels differ: $0.0220, $0.0165 ...
+  const decimals = Math.min(8, Math.max(2, Math.ceil(-Math.log10(highest)) + 2));
   const x = (t) => left + ((t - first) / step + 0.5) * (width - left - right) / buckets;
   const y = (v) => top + (1 - v / highest) * (height - top - bottom);
   const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img",
@@ -397,7 +412,7 @@ function drawChart(box, series, step, since, until) {
     chart.append(svg("line", { class: "grid", x1: left, x2: width - right, y1: y(value),
       y2: y(value) }));
     chart.append(svg("text", { x: left - 6, y: y(value) + 4, "text-anchor": "end" },
-      money(value)));
+      "$" + value.toFixed(decimals)));
   }
   const labels = Math.min(buckets, 8);
   for (let i = 0; i < labels; i++) {
@@ -485,7 +500,7 @@ async function loadAudit() {
     el("td", {}, a.actor),
     el("td", {}, a.action),
     el("td", {}, a.target || "-"),
-    el("td", { class: "dim" }, a.detail ? JSON.stringify(a.detail) : ""),
+    el("td", { class: "dim wrap" }, a.detail ? JSON.stringify(a.detail) : ""),
   )));
 }
 
