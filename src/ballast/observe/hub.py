@@ -90,7 +90,7 @@ class Observer:
         # Recent failed requests with their cause, for the dashboard.
         self.failures: deque[dict[str, Any]] = deque(maxlen=100)
         # The last requests' metadata (never a body), for the admin UI; 0 keeps none.
-        self.requests: deque[dict[str, Any]] | None = (
+        self.requests: deque[tuple[Any, ...]] | None = (
             deque(maxlen=recent_requests) if recent_requests > 0 else None
         )
         self._key_labels: set[str] = set()
@@ -167,14 +167,21 @@ class Observer:
             self._failure(trace, request, model, deployment, status, outcome)
         if key is None:
             key = _ticket_key(request)
-        if self.requests is not None:
-            self._remember(trace, key, client_path or path, model, deployment, status, latency)
-            if answer is not None and answer.reported:
-                self.requests[-1].update(
-                    input_tokens=answer.input_tokens,
-                    output_tokens=answer.output_tokens,
-                    cost=answer.cost,
+        if self.requests is not None:  # a tuple now; a dict only when someone reads
+            self.requests.append(
+                (
+                    self._time(),
+                    trace.request_id,
+                    client_path or path,
+                    key,
+                    model,
+                    deployment,
+                    status,
+                    trace.error_code,
+                    latency,
+                    answer,
                 )
+            )
         if access_logged():
             fields = {
                 "request_id": trace.request_id,
@@ -196,42 +203,43 @@ class Observer:
                 fields.update(answer_fields(request, router, deployment, answer))
             log_request(fields)
 
-    def _remember(
-        self,
-        trace: Traced,
-        key: Any,
-        path: str,
-        model: str,
-        deployment: str,
-        status: int,
-        latency: float,
-    ) -> None:
-        """One request's metadata on the recent ring: who, what, how it went; no body."""
-        assert self.requests is not None
-        self.requests.append(
-            {
-                "ts": self._time(),
-                "request_id": trace.request_id,
-                "path": path[:200],
-                "key_id": key.id if key is not None else None,
-                "key_name": key.name if key is not None else None,
-                "team_id": key.team_id if key is not None else None,
-                "model": model,
-                "deployment": deployment,
-                "status": status,
-                "error_code": trace.error_code,
-                "latency_ms": round(latency * 1000, 2),
-                "input_tokens": None,
-                "output_tokens": None,
-                "cost": None,
-            }
-        )
-
     def recent_requests(self, limit: int) -> list[dict[str, Any]]:
-        """The newest first."""
+        """The last requests' metadata (who, what, how it went; never a body), newest first."""
         if self.requests is None:
             return []
-        return list(itertools.islice(reversed(self.requests), limit))
+        rows = []
+        for (
+            ts,
+            request_id,
+            path,
+            key,
+            model,
+            deployment,
+            status,
+            code,
+            latency,
+            answer,
+        ) in itertools.islice(reversed(self.requests), limit):
+            reported = answer is not None and answer.reported
+            rows.append(
+                {
+                    "ts": ts,
+                    "request_id": request_id,
+                    "path": path[:200],
+                    "key_id": key.id if key is not None else None,
+                    "key_name": key.name if key is not None else None,
+                    "team_id": key.team_id if key is not None else None,
+                    "model": model,
+                    "deployment": deployment,
+                    "status": status,
+                    "error_code": code,
+                    "latency_ms": round(latency * 1000, 2),
+                    "input_tokens": answer.input_tokens if reported else None,
+                    "output_tokens": answer.output_tokens if reported else None,
+                    "cost": answer.cost if reported else None,
+                }
+            )
+        return rows
 
     def _account(self, request: Any, router: Any, model: str, deployment: str, path: str) -> Answer:
         """Tokens, dollars, cache result and budget of one request, into the metrics."""
