@@ -166,7 +166,8 @@ def test_an_operator_manages_a_key_from_creation_to_revocation(
             cost = _use(gateway, secret, 3)
             page.click('nav a[data-page="requests"]')
             mine = f'#requests tr[data-key-id="{key_id}"]'
-            page.wait_for_selector(mine, timeout=10_000)
+            # A request is noted as it ends, just after its answer: the page polls.
+            page.wait_for_selector(f"#requests tbody tr:nth-child(3)[data-key-id='{key_id}']")
             rows = page.query_selector_all(mine)
             assert len(rows) == 3
             text = rows[0].inner_text()

@@ -18,7 +18,7 @@ import pytest
 from ballast.observe.logs import JsonFormatter
 from tests.e2e.test_access import MASTER, admin, client, new_key
 from tests.e2e.test_observe import call
-from tests.stack import Gateway, Stack, deployment, group, sqlite_state
+from tests.stack import Gateway, Stack, deployment, group, sqlite_state, wait_for
 
 DASHBOARD = "dash-token-operator-logs-42"
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
@@ -40,10 +40,19 @@ def gateway(stack: Stack, tmp_path: Path) -> Gateway:
     )
 
 
-def lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
-    return [
-        json.loads(JsonFormatter().format(r)) for r in caplog.records if r.name == "ballast.access"
-    ]
+def lines(caplog: pytest.LogCaptureFixture, count: int) -> list[dict[str, Any]]:
+    """The request lines, once there are `count`: a line is written as its request ends,
+    which may be just after the client has its answer."""
+
+    def written() -> list[dict[str, Any]]:
+        return [
+            json.loads(JsonFormatter().format(r))
+            for r in caplog.records
+            if r.name == "ballast.access"
+        ]
+
+    wait_for(lambda: len(written()) >= count)
+    return written()
 
 
 def ask(gw: Gateway, key: str, model: str = "chat") -> None:
@@ -61,7 +70,7 @@ def test_each_request_line_names_the_team_of_its_key(
     alone, alone_id = new_key(gateway)
     ask(gateway, in_team)
     ask(gateway, alone)
-    by_key = {line["key_id"]: line for line in lines(caplog)}
+    by_key = {line["key_id"]: line for line in lines(caplog, 2)}
     assert by_key[in_team_id]["team"] == team["id"]
     assert by_key[alone_id]["team"] is None
 
@@ -81,7 +90,8 @@ def test_a_refused_request_names_its_key_and_the_error_code(
     with pytest.raises(openai.PermissionDeniedError):
         ask(gateway, narrow)
 
-    refused = {line["key_id"]: line for line in lines(caplog) if line["status"] >= 400}
+    written = lines(caplog, 4)
+    refused = {line["key_id"]: line for line in written if line["status"] >= 400}
     assert (refused[limited_id]["status"], refused[limited_id]["error_code"]) == (
         429,
         "rate_limit_exceeded",
@@ -95,7 +105,7 @@ def test_a_refused_request_names_its_key_and_the_error_code(
         "model_not_allowed",
     )
     assert all(line["team"] is None for line in refused.values())
-    served = [line for line in lines(caplog) if line["status"] == 200]
+    served = [line for line in written if line["status"] == 200]
     assert served and all("error_code" not in line for line in served)
 
 
@@ -107,7 +117,7 @@ def test_the_line_has_the_path_the_client_called(
     ask(gateway, key)
     with anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0) as claude:
         claude.messages.create(model="chat", max_tokens=5, messages=MESSAGES)
-    paths = [line["path"] for line in lines(caplog) if line.get("key_id") == key_id]
+    paths = [line["path"] for line in lines(caplog, 2) if line.get("key_id") == key_id]
     assert paths == ["/v1/chat/completions", "/v1/messages"]
 
 
