@@ -14,12 +14,15 @@ from ballast.state.spend_report import NO_TEAM, Series, SpendReport
 from ballast.state.teams import TeamService
 
 HOUR, DAY = 3600, 86_400
-BASE = 1_700_006_400  # 2023-11-15T00:00:00Z, the start of a UTC day
+DAY_ONE = 1_700_006_400  # 2023-11-15T00:00:00Z, the start of a UTC day
 
 
 async def check_series(db: Database) -> None:
     clock = ManualClock()
-    tag = uuid.uuid4().hex[:8]  # the PostgreSQL database is shared with other tests
+    # The PostgreSQL database is shared with other tests and earlier runs: names and the
+    # day of this run's spend are its own.
+    tag = uuid.uuid4().hex[:8]
+    base = DAY_ONE + DAY * (int(tag, 16) % 100_000)
     team = await TeamService(db, clock).create(f"alpha-{tag}")
     keys = KeyService(db, clock=clock)
     _, one = await keys.create(f"one-{tag}", team_id=team.id)
@@ -27,13 +30,13 @@ async def check_series(db: Database) -> None:
     gone = f"key_gone_{tag}"  # spend of a key no longer in the table
     m1, m2 = f"m1-{tag}", f"m2-{tag}"
     events = [
-        (one.id, m1, BASE + 10, 1.0),
-        (one.id, m2, BASE + HOUR - 1, 2.0),
-        (one.id, m1, BASE + HOUR, 4.0),
-        (two.id, m1, BASE + 2 * HOUR + 5, 8.0),
-        (gone, m1, BASE + 20, 16.0),
-        (two.id, m1, BASE - 1, 32.0),  # before `since`
-        (two.id, m1, BASE + DAY, 64.0),  # at `until`: not in
+        (one.id, m1, base + 10, 1.0),
+        (one.id, m2, base + HOUR - 1, 2.0),
+        (one.id, m1, base + HOUR, 4.0),
+        (two.id, m1, base + 2 * HOUR + 5, 8.0),
+        (gone, m1, base + 20, 16.0),
+        (two.id, m1, base - 1, 32.0),  # before `since`
+        (two.id, m1, base + DAY, 64.0),  # at `until`: not in
     ]
     async with db.begin() as connection:
         for key_id, model, when, cost in events:
@@ -55,27 +58,27 @@ async def check_series(db: Database) -> None:
     def points(series: Series) -> list[tuple[int, float, int]]:
         return [(p["t"], p["cost"], p["requests"]) for p in series.points]
 
-    by_key = await report.series("key", "hour", BASE, BASE + DAY)
+    by_key = await report.series("key", "hour", base, base + DAY)
     mine = [s for s in by_key if s.id in (one.id, two.id, gone)]
     assert [(s.id, s.name, s.cost, s.requests) for s in mine] == [
         (gone, gone, 16.0, 1),
         (two.id, f"two-{tag}", 8.0, 1),
         (one.id, f"one-{tag}", 7.0, 3),
     ]
-    assert points(mine[2]) == [(BASE, 3.0, 2), (BASE + HOUR, 4.0, 1)]
-    assert points(mine[1]) == [(BASE + 2 * HOUR, 8.0, 1)]
+    assert points(mine[2]) == [(base, 3.0, 2), (base + HOUR, 4.0, 1)]
+    assert points(mine[1]) == [(base + 2 * HOUR, 8.0, 1)]
     assert mine[2].points[0]["input_tokens"] == 2 and mine[2].points[0]["output_tokens"] == 4
 
-    by_team = {s.id: s for s in await report.series("team", "hour", BASE, BASE + DAY)}
+    by_team = {s.id: s for s in await report.series("team", "hour", base, base + DAY)}
     assert (by_team[team.id].name, by_team[team.id].cost) == (f"alpha-{tag}", 7.0)
     assert by_team[""].name == NO_TEAM
-    assert (BASE + 2 * HOUR, 8.0, 1) in points(by_team[""])
+    assert (base + 2 * HOUR, 8.0, 1) in points(by_team[""])
 
-    by_model = {s.id: s for s in await report.series("model", "day", BASE, BASE + DAY)}
-    assert points(by_model[m1]) == [(BASE, 29.0, 4)]
-    assert points(by_model[m2]) == [(BASE, 2.0, 1)]
-    wider = {s.id: s for s in await report.series("model", "day", BASE - DAY, BASE + 2 * DAY)}
-    assert points(wider[m1]) == [(BASE - DAY, 32.0, 1), (BASE, 29.0, 4), (BASE + DAY, 64.0, 1)]
+    by_model = {s.id: s for s in await report.series("model", "day", base, base + DAY)}
+    assert points(by_model[m1]) == [(base, 29.0, 4)]
+    assert points(by_model[m2]) == [(base, 2.0, 1)]
+    wider = {s.id: s for s in await report.series("model", "day", base - DAY, base + 2 * DAY)}
+    assert points(wider[m1]) == [(base - DAY, 32.0, 1), (base, 29.0, 4), (base + DAY, 64.0, 1)]
 
 
 async def test_spend_is_summed_per_bucket_by_key_team_and_model(db: Database) -> None:
