@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 import orjson
 
 from ballast.api.admin import Admin
+from ballast.api.admin_ui import UI_FILES, ui_file
+from ballast.api.admin_views import AdminViews
 from ballast.api.fleet import Fleet
 from ballast.api.jobs import JobsApi
 from ballast.api.keys_admin import KeysAdmin
@@ -59,7 +61,11 @@ class BallastApp:
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.observer = Observer(lambda: self.router.targets.values(), clock)
+        self.observer = Observer(
+            lambda: self.router.targets.values(),
+            clock,
+            recent_requests=settings.observe.recent_requests,
+        )
         self.state = StateHub(settings, clock)
         store = self.state.store
         self.router = Router(
@@ -90,6 +96,7 @@ class BallastApp:
             settings.server.max_body_bytes,
             lambda model: self.generation.settings.serves(model),
         ).register(self.admin)
+        AdminViews(self.admin, self.state).register()
         # Jobs: the dispatcher runs only when job backends are configured.
         self.job_store = JobStore(self.state.db, clock, settings.jobs.lease_time)
         self.dispatcher = (
@@ -104,6 +111,7 @@ class BallastApp:
         self._get: dict[str, Route] = {
             "/metrics": self.admin.metrics,
             "/dashboard": self.admin.dashboard,
+            **dict.fromkeys(UI_FILES, ui_file),
             "/health": self._health,
             "/health/live": self._live,
             "/health/ready": self._health,

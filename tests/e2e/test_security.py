@@ -159,6 +159,35 @@ def test_every_admin_route_needs_the_master_key(stack: Stack) -> None:
     assert gw.app.router.targets["a"].drained is False
 
 
+def test_admin_pages_are_never_framed_and_run_only_their_own_files(stack: Stack) -> None:
+    sim = stack.sim("ok")
+    gw = stack.gateway(
+        {
+            "server": {"master_key": MASTER, "dashboard_token": "dash-token"},
+            "models": [group("chat", deployment("a", sim))],
+        }
+    )
+    pages = {}
+    for path in ("/ui", "/ui/admin.js", "/ui/admin.css", "/dashboard?token=dash-token"):
+        with urllib.request.urlopen(gw.url + path, timeout=5) as response:
+            headers = response.headers
+            pages[path] = response.read().decode()
+        assert headers["x-frame-options"] == "DENY", path
+        assert "frame-ancestors 'none'" in headers["content-security-policy"], path
+        assert headers["x-content-type-options"] == "nosniff", path
+        assert headers["cache-control"] == "no-store", path
+    with urllib.request.urlopen(gw.url + "/ui", timeout=5) as response:
+        policy = response.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "unsafe" not in policy
+    assert "connect-src 'self'" in policy and "form-action 'none'" in policy
+    # No inline script for the policy to allow, and no data ever parsed as HTML.
+    assert pages["/ui"].count("<script") == pages["/ui"].count('<script src="ui/admin.js"') == 1
+    script = pages["/ui/admin.js"]
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+        assert sink not in script, sink
+    assert "document.cookie" not in script and "localStorage" not in script
+
+
 def test_secrets_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[bytes, bytes]] = []
     real = access_module.hmac.compare_digest  # type: ignore[attr-defined]

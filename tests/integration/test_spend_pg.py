@@ -270,3 +270,11 @@ async def test_events_read_back_as_recorded_and_a_repeat_counts_once(
         expected = sum(e.cost for e in events if e.period == period)
         assert await recorder.key_spend(key, period) == expected
     await recorder.close()
+
+
+async def test_spend_over_time_is_bucketed_as_on_sqlite(database: Database) -> None:
+    """PostgreSQL rounds a cast to an integer where SQLite truncates: the report's buckets
+    must floor on both (the same checks as tests/unit/state/test_spend_report.py)."""
+    from tests.unit.state.test_spend_report import check_series
+
+    await check_series(database)

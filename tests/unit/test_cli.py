@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import sqlite3
 from pathlib import Path
 
 import yaml
@@ -48,6 +49,19 @@ def test_keys_and_teams_from_the_command_line(tmp_path: Path) -> None:
     assert "research" in teams and key_id in teams
     bad = CliRunner().invoke(cli, ["keys", "update", "-c", conf, key_id, "--rpm", str(2**31)])
     assert bad.exit_code == 2 and "rpm" in bad.output
+    _run("keys", "revoke", "-c", conf, key_id)
+    # Each change is in the audit log the admin API writes, with no key's value.
+    with sqlite3.connect(tmp_path / "b.db") as db:
+        audit = db.execute("SELECT actor, action, target, detail FROM admin_audit").fetchall()
+    assert [(actor, action, target) for actor, action, target, _ in audit] == [
+        ("cli", "team.create", team_id),
+        ("cli", "key.create", key_id),
+        ("cli", "key.update", key_id),
+        ("cli", "key.rotate", key_id),
+        ("cli", "key.revoke", key_id),
+    ]
+    assert audit[2][3] == '{"tpm":1000,"rpm":null}'
+    assert first not in repr(audit) and rotated.split()[3] not in repr(audit)
 
 
 def test_a_key_for_a_model_the_config_does_not_serve_is_refused(tmp_path: Path) -> None:

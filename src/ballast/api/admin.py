@@ -18,6 +18,7 @@ import orjson
 from ballast.api.fleet import Fleet
 from ballast.api.reload import Gateway, Reloader
 from ballast.config import masked
+from ballast.observe.logs import log_event
 from ballast.observe.metrics import CONTENT_TYPE
 from ballast.pipeline.asgi import (
     JSON,
@@ -38,8 +39,17 @@ log = logging.getLogger("ballast.admin")
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 NOT_CONFIGURED = {"status": "not configured"}
-# On every admin answer and the dashboard: no other site may show them in a frame.
-UNFRAMED = [(b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'")]
+MASTER_KEY, DASHBOARD_TOKEN = "master_key", "dashboard_token"
+# On every admin answer and page: never framed (clickjacking), never sniffed, not cached.
+SECURITY_HEADERS = [
+    (b"cache-control", b"no-store"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"content-security-policy", b"frame-ancestors 'none'"),
+    (b"referrer-policy", b"no-referrer"),
+]
+# The part of them every JSON answer gets too.
+UNFRAMED = SECURITY_HEADERS[2:4]
 
 
 def process_stats() -> dict[str, Any]:
@@ -55,15 +65,22 @@ def process_stats() -> dict[str, Any]:
     return stats
 
 
+# Where a request's admin credential is named for the handlers (`master_key` or
+# `dashboard_token`): the audit log's "who", the UI's role.
+ACTOR = "ballast.admin_actor"
+
+
 def _token(scope: Scope, write: bool) -> str | None:
-    """The credential given: `Authorization: Bearer`, or for reading only `?token=` (a
-    query string ends up in logs, histories and Referer headers: never the master key's
-    way to write)."""
+    """The admin credential: the Authorization header; for reads only, also `?token=` (the
+    dashboard's link). A write never takes it from the query string, where a page of
+    another site could put it (and where logs and histories keep it)."""
     value = header(scope, b"authorization")
     if value is not None:
         text = value.decode("latin-1").strip()
         if text[:7].lower() == "bearer ":
             return text[7:].strip() or None
+        return None
+    if write:
         return None
     query = scope.get("query_string") or b""
     if not write and b"token=" in query:
@@ -173,8 +190,9 @@ class Admin:
 
     # -- auth -------------------------------------------------------------------------
 
-    def authorize(self, scope: Scope, write: bool) -> None:
-        """The master key may do anything; the dashboard token may only read."""
+    def authorize(self, scope: Scope, write: bool) -> str:
+        """The master key may do anything; the dashboard token may only read. Returns which
+        of the two it was."""
         server = self.app.settings.server
         if _secret(server.master_key) is None and (
             write or _secret(server.dashboard_token) is None
@@ -201,9 +219,12 @@ class Admin:
         given = _token(scope, write)
         if given is None:
             raise _unauthorized("You didn't provide the admin key (Authorization: Bearer <key>).")
-        if _same(given, server.master_key) or (not write and _same(given, server.dashboard_token)):
+        if _same(given, server.master_key):
             lockout.succeeded(caller)
-            return
+            return MASTER_KEY
+        if not write and _same(given, server.dashboard_token):
+            lockout.succeeded(caller)
+            return DASHBOARD_TOKEN
         lockout.failed(caller)
         raise _unauthorized("Incorrect admin key provided.")
 
@@ -218,7 +239,7 @@ class Admin:
             found = self._routes.get((method, path))
             if found is not None:
                 handler, write = found
-                self.authorize(scope, write)
+                scope[ACTOR] = self.authorize(scope, write)
                 if method == "POST":
                     require_json(scope)  # a form cannot create a key or reload the config
                 await handler(scope, receive, send)
@@ -228,9 +249,9 @@ class Admin:
             if len(parts) == 5 and parts[2] == "deployments" and parts[4] in ("drain", "enable"):
                 if method != "POST":
                     raise ApiError(405, f"Method {method} is not allowed on {path[:200]}.")
-                self.authorize(scope, True)
+                scope[ACTOR] = self.authorize(scope, True)
                 require_json(scope)
-                await self.set_drained(send, parts[3], parts[4] == "drain")
+                await self.set_drained(scope, send, parts[3], parts[4] == "drain")
                 return
             if any(p == path for _, p in self._routes):
                 raise ApiError(405, f"Method {method} is not allowed on {path[:200]}.")
@@ -250,13 +271,7 @@ class Admin:
         except ApiError as error:
             await send_error(_unframed(send), error, [])
             return
-        headers = [
-            (b"content-type", b"text/html; charset=utf-8"),
-            (b"cache-control", b"no-store"),
-            (b"referrer-policy", b"no-referrer"),
-            (b"x-content-type-options", b"nosniff"),
-            *UNFRAMED,
-        ]
+        headers = [(b"content-type", b"text/html; charset=utf-8"), *SECURITY_HEADERS]
         await send_bytes(send, 200, headers, page())
 
     # -- read -------------------------------------------------------------------------
@@ -400,10 +415,28 @@ class Admin:
 
     # -- write ------------------------------------------------------------------------
 
-    async def set_drained(self, send: Send, dep_id: str, drained: bool) -> None:
+    async def audit(
+        self, scope: Scope, action: str, target: str | None, detail: dict[str, Any] | None = None
+    ) -> None:
+        """An admin action done: one line in the event log and one row in the audit table
+        (who, what, when). `detail` holds the fields set, never a secret. A database that
+        cannot take the row does not undo the action: the log line still says it."""
+        actor = str(scope.get(ACTOR, "unknown"))
+        fields = {"actor": actor, "action": action, "target": target, "detail": detail or {}}
+        log_event("admin", fields)
+        audit = getattr(getattr(self.app, "state", None), "audit", None)
+        if audit is None:
+            return
+        try:
+            await audit.append(self.app.clock.time(), actor, action, target, detail or {})
+        except Exception as exc:  # the database is down: the log line above stands
+            log.warning("admin action %s not written to the audit table: %s", action, exc)
+
+    async def set_drained(self, scope: Scope, send: Send, dep_id: str, drained: bool) -> None:
         target = self.app.generation.router.targets.get(dep_id)
         if target is None:
             raise ApiError(404, f"Unknown deployment {dep_id[:200]!r}.", code="not_found")
+        await self.audit(scope, "deployment.drain" if drained else "deployment.enable", dep_id)
         body: dict[str, Any] = {"id": dep_id, "drained": drained}
         if self.fleet is not None:
             action = "drain" if drained else "enable"
@@ -423,6 +456,7 @@ class Admin:
 
     async def reload(self, scope: Scope, receive: Receive, send: Send) -> None:
         errors = await self.reloader.reload()
+        await self.audit(scope, "reload", None, {"refused": len(errors)} if errors else None)
         if errors:
             body = {
                 "error": {

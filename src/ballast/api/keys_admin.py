@@ -27,23 +27,35 @@ if TYPE_CHECKING:
 
 
 class KeysAdmin:
+    """The dashboard token reads keys and teams (never a key's value: only its id, name and
+    limits are stored in the clear); only the master key changes them, and every change is
+    in the audit log."""
+
     def __init__(
         self, hub: StateHub, max_body_bytes: int, serves: Callable[[str], bool] | None = None
     ) -> None:
         self.hub = hub
         self.max_body_bytes = max_body_bytes
         self.serves = serves  # whether the config now serving has a model: a key may name it
+        self.admin: Admin | None = None
 
     def register(self, admin: Admin) -> None:
-        admin.add("GET", "/admin/keys", self.list_keys, write=True)
+        self.admin = admin
+        admin.add("GET", "/admin/keys", self.list_keys, write=False)
         admin.add("POST", "/admin/keys", self.create, write=True)
         admin.add("POST", "/admin/keys/revoke", self.revoke, write=True)
-        admin.add("GET", "/admin/keys/spend", self.spend, write=True)
+        admin.add("GET", "/admin/keys/spend", self.spend, write=False)
         admin.add("POST", "/admin/keys/update", self.update, write=True)
         admin.add("POST", "/admin/keys/rotate", self.rotate, write=True)
-        admin.add("GET", "/admin/teams", self.list_teams, write=True)
+        admin.add("GET", "/admin/teams", self.list_teams, write=False)
         admin.add("POST", "/admin/teams", self.create_team, write=True)
         admin.add("POST", "/admin/teams/update", self.update_team, write=True)
+
+    async def _audit(
+        self, scope: Scope, action: str, target: str, detail: dict[str, Any] | None = None
+    ) -> None:
+        if self.admin is not None:
+            await self.admin.audit(scope, action, target, detail)
 
     async def _json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
         body = await read_body(scope, receive, self.max_body_bytes)
@@ -81,6 +93,7 @@ class KeysAdmin:
         options = key_options(await self._json(scope, receive), self.serves)
         await self._check_team(options)
         plaintext, record = await self.hub.keys.create(**options)
+        await self._audit(scope, "key.create", record.id, options)
         body = orjson.dumps({"key": plaintext, **record.public()})
         await send_bytes(send, 201, [JSON], body)
 
@@ -88,6 +101,7 @@ class KeysAdmin:
         key_id = text_field((await self._json(scope, receive)).get("id"), "id")
         if not await self.hub.keys.revoke(key_id):
             raise ApiError(404, f"No key with id {key_id[:80]}.", code="key_not_found")
+        await self._audit(scope, "key.revoke", key_id)
         await send_bytes(send, 200, [JSON], orjson.dumps({"id": key_id, "revoked": True}))
 
     async def spend(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -122,6 +136,7 @@ class KeysAdmin:
         record = await self.hub.keys.update(key_id, changes)
         if record is None:
             raise ApiError(404, f"No key with id {key_id[:80]}.", code="key_not_found")
+        await self._audit(scope, "key.update", key_id, changes)
         await send_bytes(send, 200, [JSON], orjson.dumps(record.public()))
 
     async def rotate(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -137,6 +152,7 @@ class KeysAdmin:
         if rotated is None:
             raise ApiError(404, f"No usable key with id {key_id[:80]}.", code="key_not_found")
         plaintext, record = rotated
+        await self._audit(scope, "key.rotate", key_id, {"grace_seconds": grace})
         await send_bytes(send, 200, [JSON], orjson.dumps({"key": plaintext, **record.public()}))
 
     async def list_teams(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -156,7 +172,9 @@ class KeysAdmin:
         await send_bytes(send, 200, [JSON], orjson.dumps({"object": "list", "data": data}))
 
     async def create_team(self, scope: Scope, receive: Receive, send: Send) -> None:
-        team = await self.hub.teams.create(**team_options(await self._json(scope, receive)))
+        options = team_options(await self._json(scope, receive))
+        team = await self.hub.teams.create(**options)
+        await self._audit(scope, "team.create", team.id, options)
         await send_bytes(send, 201, [JSON], orjson.dumps(team.public()))
 
     async def update_team(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -166,4 +184,5 @@ class KeysAdmin:
         if await self.hub.teams.get(team_id) is None:
             raise ApiError(404, f"No team with id {team_id[:80]}.", code="team_not_found")
         team = await self.hub.teams.update(team_id, changes)
+        await self._audit(scope, "team.update", team_id, changes)
         await send_bytes(send, 200, [JSON], orjson.dumps(team.public() if team else None))

@@ -61,6 +61,14 @@ def db_upgrade(config: ConfigOption) -> None:
     typer.echo("database is up to date")
 
 
+async def _audit(
+    hub: StateHub, action: str, target: str, detail: dict[str, Any] | None = None
+) -> None:
+    """A change made from the command line, in the audit log the admin API writes to (who:
+    `cli`, as the command runs with the database's own credentials, not an admin secret)."""
+    await hub.audit.append(hub.clock.time(), "cli", action, target, detail or {})
+
+
 @keys_cli.command("create")
 def keys_create(
     config: ConfigOption,
@@ -99,7 +107,9 @@ def keys_create(
         raise typer.Exit(2) from None
 
     async def work(hub: StateHub) -> Any:
-        return await hub.keys.create(**options)
+        made = await hub.keys.create(**options)
+        await _audit(hub, "key.create", made[1].id, options)
+        return made
 
     plaintext, record = _with_state(settings, work)
     typer.echo(f"id:  {record.id}\nkey: {plaintext}\n(store it now: it is not shown again)")
@@ -191,7 +201,10 @@ def keys_update(
     changes = _checked(lambda given: key_changes(given, serves=settings.serves), data)
 
     async def work(hub: StateHub) -> Any:
-        return await hub.keys.update(key_id, changes)
+        record = await hub.keys.update(key_id, changes)
+        if record is not None:
+            await _audit(hub, "key.update", key_id, changes)
+        return record
 
     record = _with_state(settings, work)
     if record is None:
@@ -209,7 +222,10 @@ def keys_rotate(
     """A new value for a key (same id, limits and spend); printed once."""
 
     async def work(hub: StateHub) -> Any:
-        return await hub.keys.rotate(key_id, grace_seconds)
+        rotated = await hub.keys.rotate(key_id, grace_seconds)
+        if rotated is not None:
+            await _audit(hub, "key.rotate", key_id, {"grace_seconds": grace_seconds})
+        return rotated
 
     rotated = _with_state(config, work)
     if rotated is None:
@@ -223,7 +239,10 @@ def keys_revoke(config: ConfigOption, key_id: Annotated[str, typer.Argument()]) 
     """Revoke a key by id."""
 
     async def work(hub: StateHub) -> Any:
-        return await hub.keys.revoke(key_id)
+        revoked = await hub.keys.revoke(key_id)
+        if revoked:
+            await _audit(hub, "key.revoke", key_id)
+        return revoked
 
     if not _with_state(config, work):
         typer.echo(f"no key with id {key_id}", err=True)
@@ -255,7 +274,9 @@ def teams_create(
     options = _checked(team_options, data)
 
     async def work(hub: StateHub) -> Any:
-        return await hub.teams.create(**options)
+        team = await hub.teams.create(**options)
+        await _audit(hub, "team.create", team.id, options)
+        return team
 
     typer.echo(f"id: {_with_state(config, work).id}")
 

@@ -83,22 +83,24 @@ def upstream_request_id(headers: Any) -> str | None:
     return None
 
 
+def key_fields(key: Any, fields: dict[str, Any]) -> None:
+    """The request log's "who asked" fields: the key's id and its team (None without one),
+    from the key authentication found, so a refused request names its key too."""
+    if key is not None:
+        fields["key_id"] = key.id
+        fields["team"] = key.team_id
+
+
 def answer_fields(
     request: Any, router: Any, deployment: str, answer: Answer | None
 ) -> dict[str, Any]:
     """The request log's "who spent what" fields."""
-    ticket = request.ticket
     fields: dict[str, Any] = {
         "model_asked": request.model[:200],
         "model_answered": request.answered_model[:200] if request.answered_model else None,
         "shape": getattr(request, "shape", "openai"),
         "upstream_request_id": upstream_request_id(request.upstream_headers),
     }
-    if ticket is not None:
-        fields["key_id"] = ticket.key.id
-        team = getattr(ticket.key, "team", None)
-        if team:
-            fields["team"] = team
     lookup = request.lookup
     fields["cache"] = lookup.status.decode("latin-1") if lookup is not None else None
     if answer is not None:

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from ballast.observe.answer import Answer, CostOf, answer_fields
+from ballast.observe.answer import Answer, CostOf, answer_fields, key_fields
 from ballast.observe.logs import access_logged, log_event, log_request
 from ballast.observe.metrics import Metrics
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
@@ -31,6 +31,7 @@ class Traced(Protocol):
     stream_error: bool  # a stream ended with an error event
     deployment: str | None  # the deployment a stream came from
     request_id: str
+    error_code: str | None  # the code of the error Ballast answered with, if it did
 
 
 class Traffic:
@@ -77,6 +78,7 @@ class Observer:
         targets: Callable[[], Iterable[Any]],
         clock: Clock = SYSTEM_CLOCK,
         ring_size: int = 500,
+        recent_requests: int = 500,
     ) -> None:
         self.monotonic = clock.monotonic  # request latencies (a Responder reads it too)
         self._time = clock.time  # event timestamps
@@ -87,6 +89,10 @@ class Observer:
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
         # Recent failed requests with their cause, for the dashboard.
         self.failures: deque[dict[str, Any]] = deque(maxlen=100)
+        # The last requests' metadata (never a body), for the admin UI; 0 keeps none.
+        self.requests: deque[tuple[Any, ...]] | None = (
+            deque(maxlen=recent_requests) if recent_requests > 0 else None
+        )
         self._key_labels: set[str] = set()
         # Dollars left in a key's budget as far as known without a query (set at start-up).
         self.budget_left: Callable[[Any], float | None] | None = None
@@ -116,9 +122,18 @@ class Observer:
     # -- client requests ---------------------------------------------------------------
 
     def request(
-        self, trace: Traced, request: Any, router: Any, path: str, client_gone: bool = False
+        self,
+        trace: Traced,
+        request: Any,
+        router: Any,
+        path: str,
+        client_gone: bool = False,
+        key: Any = None,
+        client_path: str | None = None,
     ) -> None:
-        """A client request ended (called once per request, after the last byte)."""
+        """A client request ended (called once per request, after the last byte). `path` is
+        the upstream API the route speaks; `client_path` the one the client called; `key`
+        the key authentication found (a refused request has one, and no ticket)."""
         now = self.monotonic()
         latency = now - trace.began
         status = trace.status or 499
@@ -150,10 +165,27 @@ class Observer:
             answer = self._account(request, router, model, deployment, path)
         if outcome not in _GOOD_OUTCOMES:
             self._failure(trace, request, model, deployment, status, outcome)
+        if key is None:
+            key = _ticket_key(request)
+        if self.requests is not None:  # a tuple now; a dict only when someone reads
+            self.requests.append(
+                (
+                    self._time(),
+                    trace.request_id,
+                    client_path or path,
+                    key,
+                    model,
+                    deployment,
+                    status,
+                    trace.error_code,
+                    latency,
+                    answer,
+                )
+            )
         if access_logged():
             fields = {
                 "request_id": trace.request_id,
-                "path": path,
+                "path": client_path or path,
                 "shape": shape,
                 "model": model,
                 "deployment": deployment,
@@ -164,9 +196,50 @@ class Observer:
                 "ttft_ms": round(ttft * 1000, 2) if ttft is not None else None,
                 "attempts": attempts,
             }
+            if trace.error_code is not None:
+                fields["error_code"] = trace.error_code
+            key_fields(key, fields)
             if request is not None:
                 fields.update(answer_fields(request, router, deployment, answer))
             log_request(fields)
+
+    def recent_requests(self, limit: int) -> list[dict[str, Any]]:
+        """The last requests' metadata (who, what, how it went; never a body), newest first."""
+        if self.requests is None:
+            return []
+        rows = []
+        for (
+            ts,
+            request_id,
+            path,
+            key,
+            model,
+            deployment,
+            status,
+            code,
+            latency,
+            answer,
+        ) in itertools.islice(reversed(self.requests), limit):
+            reported = answer is not None and answer.reported
+            rows.append(
+                {
+                    "ts": ts,
+                    "request_id": request_id,
+                    "path": path[:200],
+                    "key_id": key.id if key is not None else None,
+                    "key_name": key.name if key is not None else None,
+                    "team_id": key.team_id if key is not None else None,
+                    "model": model,
+                    "deployment": deployment,
+                    "status": status,
+                    "error_code": code,
+                    "latency_ms": round(latency * 1000, 2),
+                    "input_tokens": answer.input_tokens if reported else None,
+                    "output_tokens": answer.output_tokens if reported else None,
+                    "cost": answer.cost if reported else None,
+                }
+            )
+        return rows
 
     def _account(self, request: Any, router: Any, model: str, deployment: str, path: str) -> Answer:
         """Tokens, dollars, cache result and budget of one request, into the metrics."""
@@ -239,6 +312,11 @@ _OPERATIONS = {
     "/messages": "chat",
     "/responses": "chat",
 }
+
+
+def _ticket_key(request: Any) -> Any:
+    ticket = request.ticket if request is not None else None
+    return ticket.key if ticket is not None else None
 
 
 def outcome_of(trace: Traced, status: int, attempts: int, client_gone: bool) -> str:

@@ -34,7 +34,13 @@ class Observe:
         finally:
             try:
                 self.observer.request(
-                    flow.responder, flow.ctx, self.router, flow.path, flow.client_gone
+                    flow.responder,
+                    flow.ctx,
+                    self.router,
+                    flow.path,
+                    flow.client_gone,
+                    flow.key,
+                    flow.scope["path"],
                 )
             except Exception:
                 log.exception("could not record a request")

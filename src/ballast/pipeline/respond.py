@@ -111,6 +111,7 @@ class Responder:
         "began",
         "blocked",
         "deployment",
+        "error_code",
         "extra",
         "first",
         "recorder",
@@ -146,6 +147,7 @@ class Responder:
         self.first = 0.0  # when a stream's first event went out
         self.stream_error = False
         self.deployment: str | None = None  # the deployment a stream came from
+        self.error_code: str | None = None  # the code of the error Ballast answered with
         self.translator: StreamTranslator | None = None
         self.recorder: StreamRecorder | None = None
         self.strip_usage = False
@@ -180,6 +182,7 @@ class Responder:
     async def error(self, error: ApiError) -> None:
         """An error in the client's shape: a status and a body before the response started;
         the event that ends a started stream; nothing for a started answer."""
+        self.error_code = error.code
         if not self.started:
             status, body = self.shape.error(error)
             await self.answer(status, [JSON, *error.headers], body)

@@ -11,6 +11,7 @@ from typing import Any
 
 from ballast.config import Settings, StateSettings
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.state.audit import AuditLog
 from ballast.state.budget_ledger import Ledger, RedisLedger, SqlLedger
 from ballast.state.budgets import Budgets
 from ballast.state.db import Database
@@ -18,6 +19,7 @@ from ballast.state.keys import KeyService
 from ballast.state.ratelimit import RateLimiter
 from ballast.state.ratelimit_shm import SharedWindows
 from ballast.state.spend import SpendRecorder
+from ballast.state.spend_report import SpendReport
 from ballast.state.store import RedisStore
 from ballast.state.teams import TeamService
 
@@ -32,6 +34,8 @@ class StateHub:
         self.store = RedisStore(state.redis_url, state, clock) if state.redis_url else None
         self.keys = KeyService(self.db, self.store, clock, cache_ttl=state.key_cache_ttl)
         self.teams = TeamService(self.db, clock)
+        self.audit = AuditLog(self.db)
+        self.spend_report = SpendReport(self.db)
         self.limiter = RateLimiter(
             self.store,
             instances=state.instances,

@@ -120,6 +120,21 @@ admin_commands = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
 )
 
+# Who changed what through the admin API, and when (state/audit.py). `actor` names the
+# credential (the master key, the dashboard token), never its value; `detail` holds the
+# fields an action set, never a key's secret.
+admin_audit = sa.Table(
+    "admin_audit",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("actor", sa.String(40), nullable=False),
+    sa.Column("action", sa.String(40), nullable=False),
+    sa.Column("target", sa.String(200), nullable=True),
+    sa.Column("detail", sa.Text, nullable=True),  # JSON
+    sa.Index("ix_admin_audit_created", "created_at"),
+)
+
 # Budgets shared by every worker and instance (without Redis; see state/budget_ledger.py):
 # per key and period what was spent, born from `spend_totals`, and the grants reserved
 # against it, each lapsing at `expires_at` so a dead instance's grants free themselves.

@@ -19,3 +19,8 @@ class ObserveSettings(Section):
     max_key_series: int = Field(
         1000, ge=0, description="distinct key ids labelled per worker; later keys are 'other'"
     )
+    recent_requests: int = Field(
+        500,
+        ge=0,
+        description="requests whose metadata (never a body) each worker keeps for the admin UI",
+    )
