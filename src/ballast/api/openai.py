@@ -45,7 +45,7 @@ def parse_request(path: str, body: bytes) -> RequestContext:
         raise bad_request("We could not parse the JSON body of your request.") from None
     if not isinstance(payload, dict):
         raise bad_request("The request body must be a JSON object.")
-    _DUPLICATES.check(body)
+    _DUPLICATES.check(body, payload)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("You must provide a model parameter.", "model")

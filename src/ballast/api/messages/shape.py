@@ -47,7 +47,7 @@ class MessagesShape(Shape):
         except orjson.JSONDecodeError:
             raise bad_request("We could not parse the JSON body of your request.") from None
         if isinstance(payload, dict):
-            _DUPLICATES.check(body)
+            _DUPLICATES.check(body, payload)
         chat = to_chat(payload, counting)
         fallbacks = _fallbacks(chat)
         raw = orjson.dumps(chat)

@@ -178,7 +178,7 @@ def _load(body: bytes) -> dict[str, Any]:
         raise bad_request("We could not parse the JSON body of your request.") from None
     if not isinstance(payload, dict):
         raise bad_request("The request body must be a JSON object.")
-    _DUPLICATES.check(body)
+    _DUPLICATES.check(body, payload)
     return payload
 
 
