@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ballast.api import admin as admin_module
+from ballast.api import admin_auth as admin_module
 from ballast.config import parse_settings
 from ballast.pipeline import access as access_module
 from tests.e2e.test_routing import MESSAGES

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-from ballast.api.admin import SECURITY_HEADERS
+from ballast.api.admin_auth import SECURITY_HEADERS
 from ballast.pipeline.asgi import Receive, Scope, Send, send_bytes
 
 POLICY = (

@@ -11,7 +11,8 @@ from urllib.parse import parse_qs
 import orjson
 from sqlalchemy.exc import SQLAlchemyError
 
-from ballast.api.admin import ACTOR, MASTER_KEY, Admin
+from ballast.api.admin import Admin
+from ballast.api.admin_auth import ACTOR, MASTER_KEY
 from ballast.pipeline.asgi import JSON, Receive, Scope, Send, send_bytes
 from ballast.pipeline.errors import ApiError, bad_request
 from ballast.state.hub import StateHub
