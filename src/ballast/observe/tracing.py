@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
+
+from ballast.config import mask_url
 
 log = logging.getLogger("ballast.tracing")
 
@@ -25,14 +27,35 @@ _configured: bool | None = None  # this process's provider: set up, or found unu
 
 
 class Tracer:
-    def __init__(self, tracer: Any, status: Any, status_code: Any) -> None:
+    def __init__(self, tracer: Any, status: Any, status_code: Any, propagator: Any) -> None:
         self._tracer = tracer
         self._status = status
         self._error = status_code.ERROR
+        self._propagator = propagator  # W3C trace context, whatever the global one is
+
+    def incoming(self, headers: Iterable[tuple[bytes, bytes]]) -> Any:
+        """The client's trace context (W3C `traceparent`, `tracestate`), for the request's
+        span to join its trace; None when the client sent none."""
+        carrier = {}
+        for name, value in headers:
+            if name == b"traceparent" or name == b"tracestate":
+                carrier[name.decode("latin-1")] = value.decode("latin-1")
+        return self._propagator.extract(carrier) if carrier else None
+
+    def outgoing(self) -> bytes:
+        """The current span's trace context as header lines for the upstream, so its spans
+        (a self-hosted model server's) join the same trace."""
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier)
+        return "".join(f"{name}: {value}\r\n" for name, value in carrier.items()).encode(
+            "latin-1", "replace"
+        )
 
     @contextlib.contextmanager
-    def span(self, name: str, **attributes: Any) -> Iterator[Any]:
-        with self._tracer.start_as_current_span(name, record_exception=False) as span:
+    def span(self, name: str, parent: Any = None, **attributes: Any) -> Iterator[Any]:
+        """A span under the current one, or under `parent` (a context from `incoming`)."""
+        started = self._tracer.start_as_current_span(name, parent, record_exception=False)
+        with started as span:
             for key, value in attributes.items():
                 if value is not None:
                     span.set_attribute(f"ballast.{key}", value)
@@ -68,7 +91,8 @@ def tracing_wanted(enabled: bool, environ: Mapping[str, str] | None = None) -> b
 
 def build_tracer(enabled: bool) -> Tracer | None:
     """The tracer, or None when tracing is off or OpenTelemetry is not installed."""
-    if not tracing_wanted(enabled):
+    source = tracing_source(enabled)
+    if source is None:
         return None
     try:
         from opentelemetry import trace
@@ -76,17 +100,21 @@ def build_tracer(enabled: bool) -> Tracer | None:
     except ImportError:
         log.warning("tracing is on but opentelemetry is not installed; tracing is off")
         return None
-    _configure_provider(trace)
-    return Tracer(trace.get_tracer("ballast"), Status, StatusCode)
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _configure_provider(trace, source)
+    return Tracer(trace.get_tracer("ballast"), Status, StatusCode, TraceContextTextMapPropagator())
 
 
-def _configure_provider(trace: Any) -> None:
-    """Set up this process's exporting provider once, unless one is already set."""
+def _configure_provider(trace: Any, source: str) -> None:
+    """Set up this process's exporting provider once, unless one is already set; say once
+    where the spans go."""
     global _configured
     if _configured is not None:
         return
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         _configured = False  # someone else's provider: its exporters are theirs
+        log.info("tracing on (%s): spans go to the tracer provider already set up", source)
         return
     try:
         from opentelemetry.sdk.resources import Resource
@@ -98,12 +126,27 @@ def _configure_provider(trace: Any) -> None:
         return
     exporter = _exporter()
     _configured = True
+    log.info("tracing on (%s): spans go to %s", source, _destination(exporter))
     if exporter is None:
         return
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "ballast"}
     provider = TracerProvider(resource=Resource.create(attributes))
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+
+
+def _destination(exporter: Any) -> str:
+    """Where the exporter sends spans, as the start-up line says it (credentials masked)."""
+    if exporter is None:
+        return "nowhere (OTEL_TRACES_EXPORTER=none or no OTLP exporter installed)"
+    if type(exporter).__name__ == "ConsoleSpanExporter":
+        return "the console"
+    env = os.environ
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if not endpoint:
+        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318")
+        endpoint = base.rstrip("/") + "/v1/traces"
+    return "OTLP/HTTP " + mask_url(endpoint)
 
 
 def _exporter() -> Any:

@@ -24,7 +24,10 @@ class Observe:
             if tracer is None:
                 await call_next(flow)
             else:
-                with tracer.span("ballast.request", path=flow.path, shape=flow.shape.name) as span:
+                parent = tracer.incoming(flow.scope["headers"])
+                with tracer.span(
+                    "ballast.request", parent, path=flow.path, shape=flow.shape.name
+                ) as span:
                     try:
                         await call_next(flow)
                     finally:

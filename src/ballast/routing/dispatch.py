@@ -62,9 +62,11 @@ def request_for(
     stream: bool,
     prefill: str | None = None,
     until: float | None = None,
+    headers: bytes = b"",
 ) -> UpstreamRequest:
     """The one place a call becomes what a deployment is sent: its adapter's body (every
-    edit applied once) and wire, bounded by the attempt's deadline unless `until` is sooner."""
+    edit applied once) and wire, bounded by the attempt's deadline unless `until` is sooner;
+    `headers`, more header lines (the attempt's trace context)."""
     adapter = attempt.target.adapter
     body = adapter.body(call, model, prefill)
     return UpstreamRequest(
@@ -74,6 +76,7 @@ def request_for(
         call.request_id,
         None,
         attempt.deadline if until is None else until,
+        headers,
     )
 
 
@@ -106,6 +109,12 @@ class Dispatch:
     def _as_stream(self, target: Target) -> bool:
         own = target.adapter.deployment.answers_as_streams
         return self.answers_as_streams if own is None else own
+
+    def _trace(self) -> bytes:
+        """The current attempt's trace context for the upstream (nothing when tracing is
+        off: the request path pays one `is None`)."""
+        tracer = self.loop.tracer
+        return b"" if tracer is None else tracer.outgoing()
 
     def _whole_answer_deadline(self, attempt: Attempt, attempts: Attempts) -> float:
         """A whole answer no stream clock guards may use only its share of the time left,
@@ -149,15 +158,16 @@ class Dispatch:
         def exchange(attempt: Attempt, model: str) -> Awaitable[Reply]:
             target = attempt.target
             upstream = target.upstream
+            trace = self._trace()
             if can_stream and self._as_stream(target):
-                streamed = request_for(attempt, as_stream(call), model, True)
+                streamed = request_for(attempt, as_stream(call), model, True, None, None, trace)
 
                 def collected(request: UpstreamRequest) -> Awaitable[Reply]:
                     return collect(upstream, request, clock, partial(assemble_payload, call.path))
 
                 return self._routed(attempt, attempts, call, model, streamed, collected)
             until = self._whole_answer_deadline(attempt, attempts) if others else None
-            request = request_for(attempt, call, model, False, until=until)
+            request = request_for(attempt, call, model, False, None, until, trace)
             return self._routed(
                 attempt, attempts, call, model, request, lambda r: fetch(upstream, r, clock)
             )
@@ -189,7 +199,7 @@ class Dispatch:
         self, attempt: Attempt, attempts: Attempts, call: Call, model: str, prefill: str | None
     ) -> OpenStream:
         upstream, clock = attempt.target.upstream, self.clock
-        request = request_for(attempt, call, model, True, prefill)
+        request = request_for(attempt, call, model, True, prefill, None, self._trace())
         stream, held = await self._routed(
             attempt, attempts, call, model, request, lambda r: open_stream(upstream, r, clock)
         )

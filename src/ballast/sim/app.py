@@ -73,9 +73,10 @@ def _selected_headers(request: web.Request) -> dict[str, str]:
     api_key = request.headers.get("api-key")  # Azure's credential header
     if api_key is not None:
         selected["api-key"] = mask_secret(api_key)
-    request_id = request.headers.get("x-request-id")
-    if request_id is not None:
-        selected["x-request-id"] = request_id
+    for name in ("x-request-id", "traceparent", "tracestate"):
+        value = request.headers.get(name)
+        if value is not None:
+            selected[name] = value
     return selected
 
 

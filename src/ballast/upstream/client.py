@@ -90,7 +90,8 @@ class UpstreamRequest:
     """One attempt's request, as dispatch builds it once from the deployment's adapter:
     the client's `path`, the `body` the deployment is sent, the provider's `wire` (None:
     OpenAI's, untouched), the request id passed on, the `route` of a per-run endpoint, and
-    `until` (monotonic), the attempt's deadline."""
+    `until` (monotonic), the attempt's deadline; `headers`, more header lines (the trace
+    context, when tracing is on)."""
 
     path: str
     body: bytes
@@ -98,6 +99,7 @@ class UpstreamRequest:
     request_id: str | None = None
     route: Route | None = None
     until: float = math.inf
+    headers: bytes = b""
 
     def routed(self, route: Route | None) -> UpstreamRequest:
         """The same request sent along `route`."""
@@ -210,6 +212,8 @@ class Upstream:
             own_auth = True
         if request.request_id is not None:
             extra += _request_id_line(request.request_id)
+        if request.headers:
+            extra += request.headers
         wire = request.wire
         if wire is None:
             return await self._send("POST", base + request.path, request.body, extra, own_auth)
