@@ -489,6 +489,9 @@ def test_serve_reloads_on_sighup_and_logs_json_lines_without_secrets(
             api.chat.completions.create(model="chat", messages=MESSAGES).system_fingerprint
             == "sim:b"
         )
+        # The audit log says who reloaded: the signal.
+        audit = call("GET", url + "/admin/audit", token=MASTER)[1]["data"]
+        assert [(e["actor"], e["action"]) for e in audit] == [("signal", "reload")]
     finally:
         process.terminate()
         process.wait(15)

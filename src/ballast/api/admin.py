@@ -15,9 +15,8 @@ import orjson
 
 from ballast.api.admin_auth import ACTOR, SECURITY_HEADERS, authorize, unframed
 from ballast.api.fleet import Fleet
-from ballast.api.reload import Gateway, Reloader
+from ballast.api.reload import Gateway, Reloader, record_action
 from ballast.config import masked
-from ballast.observe.logs import log_event
 from ballast.observe.metrics import CONTENT_TYPE
 from ballast.pipeline.asgi import (
     JSON,
@@ -313,19 +312,8 @@ class Admin:
     async def audit(
         self, scope: Scope, action: str, target: str | None, detail: dict[str, Any] | None = None
     ) -> None:
-        """An admin action done: one line in the event log and one row in the audit table
-        (who, what, when). `detail` holds the fields set, never a secret. A database that
-        cannot take the row does not undo the action: the log line still says it."""
-        actor = str(scope.get(ACTOR, "unknown"))
-        fields = {"actor": actor, "action": action, "target": target, "detail": detail or {}}
-        log_event("admin", fields)
-        audit = getattr(getattr(self.app, "state", None), "audit", None)
-        if audit is None:
-            return
-        try:
-            await audit.append(self.app.clock.time(), actor, action, target, detail or {})
-        except Exception as exc:  # the database is down: the log line above stands
-            log.warning("admin action %s not written to the audit table: %s", action, exc)
+        """An admin action done, by the credential the request gave (reload.record_action)."""
+        await record_action(self.app, str(scope.get(ACTOR, "unknown")), action, target, detail)
 
     async def set_drained(self, scope: Scope, send: Send, dep_id: str, drained: bool) -> None:
         target = self.app.generation.router.targets.get(dep_id)

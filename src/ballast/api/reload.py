@@ -19,7 +19,7 @@ from ballast.api.routes import build_routes
 from ballast.config import ConfigError, Settings, load_settings, secret_values
 from ballast.gc_tuning import settle_after_retire
 from ballast.observe.hub import Observer
-from ballast.observe.logs import hide
+from ballast.observe.logs import hide, log_event
 from ballast.pipeline.pipeline import Pipeline
 from ballast.pipeline.shape import Shape
 from ballast.resilience.clock import Clock
@@ -208,6 +208,8 @@ class Reloader:
             errors = await self.reload()
             for line in errors:
                 log.error("config reload refused: %s", line)
+            detail = {"refused": len(errors)} if errors else None
+            await record_action(self.app, "signal", "reload", None, detail)
 
         self._background(run())
 
@@ -217,3 +219,21 @@ class Reloader:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
         return task
+
+
+async def record_action(
+    app: Gateway, actor: str, action: str, target: str | None, detail: dict[str, Any] | None
+) -> None:
+    """An admin action done: one line in the event log and one row in the audit table (who:
+    the master key, a token, the CLI or a signal; what; when). `detail` holds the fields
+    set, never a secret. A database that cannot take the row does not undo the action: the
+    log line still says it."""
+    fields = {"actor": actor, "action": action, "target": target, "detail": detail or {}}
+    log_event("admin", fields)
+    audit = getattr(getattr(app, "state", None), "audit", None)
+    if audit is None:
+        return
+    try:
+        await audit.append(app.clock.time(), actor, action, target, detail or {})
+    except Exception as exc:  # the database is down: the log line above stands
+        log.warning("admin action %s not written to the audit table: %s", action, exc)
