@@ -336,8 +336,11 @@ class Access:
         usage: Any,
         deployment: str | None,
         cached: bool = False,
+        estimated: bool = False,
     ) -> None:
-        """After the answer: reconcile the token estimate and record spend (off the path)."""
+        """After the answer: reconcile the token estimate and record spend (off the path).
+        `estimated`: the usage is Ballast's estimate of a stream cut short, marked so in
+        spend."""
         if ticket is None:
             return
         prompt, completion = token_counts(usage)
@@ -371,6 +374,7 @@ class Access:
                 cost,
                 cached,
                 now,
+                estimated,
             )
         )
 

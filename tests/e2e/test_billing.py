@@ -1,0 +1,78 @@
+"""Nothing is free: a stream the client drops before its end is billed for what it relayed
+(the upstream's usage never came, so Ballast's estimate, marked as one), on every shape."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ballast.sim.server import SimServer
+from tests.e2e.test_access import new_key
+from tests.e2e.test_budget_concurrency import PRICES, config, settled_spend
+from tests.stack import Stack, deployment, group, sqlite_state, wait_for
+
+HI = [{"role": "user", "content": "hi"}]
+# (route, body, how /v1/responses is served)
+SHAPES: dict[str, tuple[str, dict[str, Any], str | None]] = {
+    "chat": ("/v1/chat/completions", {"messages": HI, "max_tokens": 200}, None),
+    "messages": ("/v1/messages", {"messages": HI, "max_tokens": 200}, None),
+    "responses-bridged": ("/v1/responses", {"input": "hi", "max_output_tokens": 200}, "bridge"),
+    "responses-native": ("/v1/responses", {"input": "hi", "max_output_tokens": 200}, "native"),
+}
+
+
+def read_then_drop(port: int, key: str, path: str, body: dict[str, Any], events: int) -> None:
+    """Ask for a stream, read its first `events` events, and close the socket."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    payload = json.dumps({"model": "chat", "stream": True, **body})
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    conn.request("POST", path, payload, headers)
+    response = conn.getresponse()
+    assert response.status == 200, response.read()[:300]
+    seen = 0
+    while seen < events:
+        line = response.fp.readline()
+        assert line, "the stream ended before the client dropped it"
+        seen += line.startswith(b"data:")
+    response.close()
+    conn.close()
+
+
+def spend_rows(folder: Path, key_id: str) -> list[tuple[int, int, float, int]]:
+    """(prompt, completion, cost, estimated) of the key's spend events."""
+    with sqlite3.connect(folder / "ballast.db") as db:
+        query = (
+            "SELECT prompt_tokens, completion_tokens, cost, estimated FROM spend_events"
+            " WHERE key_id = ?"
+        )
+        return list(db.execute(query, (key_id,)))
+
+
+@pytest.mark.sim(default="ok?tokens=200&delay=0.02")
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_stream_the_client_drops_is_billed_for_what_it_relayed(
+    stack: Stack, sim: SimServer, tmp_path: Path, shape: str
+) -> None:
+    path, body, responses = SHAPES[shape]
+    settings = config(sim, sqlite_state(tmp_path, spend_flush_interval=0.1))
+    extra = {} if responses is None else {"responses": responses}
+    settings["models"] = [group("chat", deployment("a", sim, model="sim-chat", **extra))]
+    gateway = stack.gateway(settings)
+    key, key_id = new_key(gateway, budget=1e6, budget_period="total")
+    for _ in range(3):
+        read_then_drop(gateway.port, key, path, body, events=10)
+    # Output is $1 a token: each dropped stream costs at least the tokens read before the
+    # client left, and less than the 200 of a whole answer.
+    wait_for(lambda: len(spend_rows(tmp_path, key_id)) == 3)
+    spend = settled_spend(gateway.url, key_id, 3 * 5)
+    assert 3 * 5 <= spend < 3 * 200, spend
+    rows = spend_rows(tmp_path, key_id)
+    assert all(estimated for *_, estimated in rows), rows
+    assert all(prompt > 0 and completion >= 5 for prompt, completion, *_ in rows), rows
+    assert PRICES["sim-chat"]["input"] == 0.0  # so the cost is the completion's alone
+    assert sum(cost for _, _, cost, _ in rows) == pytest.approx(spend)
