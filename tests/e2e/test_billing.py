@@ -1,20 +1,23 @@
 """Nothing is free: a stream the client drops before its end is billed for what it relayed
-(the upstream's usage never came, so Ballast's estimate, marked as one), on every shape."""
+(the upstream's usage never came, so Ballast's estimate, marked as one), on every shape; a
+budget reserves every choice a request asks for, at the dearest deployment it may reach."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import sqlite3
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ballast.sim.server import SimServer
-from tests.e2e.test_access import new_key
+from tests.e2e.test_access import MASTER, new_key
 from tests.e2e.test_budget_concurrency import PRICES, config, settled_spend
-from tests.stack import Stack, deployment, group, sqlite_state, wait_for
+from tests.stack import Gateway, Stack, deployment, group, sqlite_state, wait_for
 
 HI = [{"role": "user", "content": "hi"}]
 # (route, body, how /v1/responses is served)
@@ -76,3 +79,62 @@ def test_a_stream_the_client_drops_is_billed_for_what_it_relayed(
     assert all(prompt > 0 and completion >= 5 for prompt, completion, *_ in rows), rows
     assert PRICES["sim-chat"]["input"] == 0.0  # so the cost is the completion's alone
     assert sum(cost for _, _, cost, _ in rows) == pytest.approx(spend)
+
+
+def ask(gateway: Gateway, key: str, model: str, **extra: Any) -> int:
+    body = json.dumps({"model": model, "messages": HI, **extra}).encode()
+    request = urllib.request.Request(
+        gateway.url + "/v1/chat/completions",
+        data=body,
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        with error:
+            assert error.code != 429 or b"insufficient_quota" in error.read()
+            return error.code
+
+
+def keyed(stack: Stack, tmp_path: Path, prices: dict[str, Any], *groups: Any) -> Gateway:
+    return stack.gateway(
+        {
+            "server": {"master_key": MASTER},
+            "state": sqlite_state(tmp_path, spend_flush_interval=0.1),
+            "prices": prices,
+            "models": list(groups),
+        }
+    )
+
+
+def test_every_choice_asked_for_is_reserved(stack: Stack, sim: SimServer, tmp_path: Path) -> None:
+    # 100 tokens cost $0.003; 128 choices of them $0.384, 19x the budget.
+    prices = {"sim-chat": {"input": 0.0, "output": 30.0}}
+    gateway = keyed(stack, tmp_path, prices, group("chat", deployment("a", sim, "sim-chat")))
+    key, _ = new_key(gateway, budget=0.02, budget_period="total")
+    assert ask(gateway, key, "chat", n=128, max_tokens=100) == 429
+    assert stack.attempts(sim) == []  # refused before it went upstream
+    assert ask(gateway, key, "chat", n=1, max_tokens=100) == 200
+
+
+def test_a_dearer_context_fallback_is_reserved_and_the_budget_holds(
+    stack: Stack, tmp_path: Path
+) -> None:
+    small = stack.sim("context_length", name="small")
+    large = stack.sim("ok?tokens=16", name="large")
+    # The context fallback is 100x dearer: 50 tokens of it cost $0.01, the whole budget.
+    prices = {"small-m": {"input": 0.0, "output": 2.0}, "large-m": {"input": 0.0, "output": 200.0}}
+    gateway = keyed(
+        stack,
+        tmp_path,
+        prices,
+        group("chat", deployment("s", small, "small-m"), context_fallbacks=["large"]),
+        group("large", deployment("l", large, "large-m")),
+    )
+    key, key_id = new_key(gateway, budget=0.01, budget_period="total")
+    statuses = [ask(gateway, key, "chat", max_tokens=50) for _ in range(8)]
+    assert statuses.count(200) >= 1 and 429 in statuses, statuses
+    spend = settled_spend(gateway.url, key_id, 16 * 200.0 / 1e6)
+    assert spend <= 0.01, (spend, statuses)
