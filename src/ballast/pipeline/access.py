@@ -295,6 +295,25 @@ class Access:
             raise
         return Ticket(key, lease, estimated, holds, team_lease)
 
+    async def admit_job(self, key: KeyRecord, backend: str) -> None:
+        """A job submitted under `key` passes its limits as a request does: its model list
+        names the backend, its budget is not used up (a job has no price: nothing is
+        reserved), and the submission counts against its rate limits."""
+        if key is MASTER:
+            return
+        if not key.allows(backend):
+            raise ApiError(
+                403,
+                f"This key may not use the job backend '{backend[:200]}'.",
+                "invalid_request_error",
+                "model_not_allowed",
+                "backend",
+            )
+        await self.gate.check_spent(key)
+        if key.rpm is not None or key.tpm is not None or key.max_parallel is not None:
+            lease = await self._limit(Limits(key.id, key.rpm, key.tpm, key.max_parallel), 0, "key")
+            self.limiter.release_soon(lease, 0)
+
     def budget_left(self, key: KeyRecord) -> float | None:
         """Dollars left in the key's period as far as known without a query (the metrics'
         budget gauge), or None."""
