@@ -4,7 +4,7 @@ The upstream answers any POST by the first part of its path (a deployment's URL 
 `http://127.0.0.1:PORT/<mode>/v1`): `huge` sends a 200 MB JSON answer, `bomb` a gzip body
 that inflates to 256 MB (`big_bomb`: about 1 MB that inflates to 1 GiB), `endless_sse` an
 event stream whose first line never ends (`long_line`: one 300 MB line, sent over 5 s), `cut` a
-200 MB answer that breaks off after 48 MB, `junk` a whole 48 MB answer that is not JSON.
+60 MB answer that breaks off after 48 MB, `junk` a whole 48 MB answer that is not JSON.
 Each writes until the gateway drops the connection or its answer ends (bounded: at most
 300 MB a request). Every other request (the warm-up `GET /models`) gets a small JSON answer.
 """
@@ -53,9 +53,10 @@ CUT = 48 * MB
 
 
 async def _cut(writer: asyncio.StreamWriter) -> None:
-    """A 200 MB answer that breaks off after 48 MB (below a 64 MB limit)."""
+    """A 60 MB answer (below a 64 MB limit) that breaks off after 48 MB."""
     writer.write(
-        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n{" % HUGE
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n{"
+        % (60 * MB)
     )
     for _ in range(CUT // MB):
         writer.write(_PIECE)

@@ -6,18 +6,31 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import sqlite3
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from ballast.sim.server import SimServer
 from tests.e2e.test_access import MASTER, new_key
-from tests.e2e.test_budget_concurrency import PRICES, config, settled_spend
-from tests.stack import Gateway, Stack, deployment, group, sqlite_state, wait_for
+from tests.e2e.test_budget_concurrency import PRICES, admin_at, config, settled_spend
+from tests.e2e.test_workers import workers
+from tests.stack import (
+    Gateway,
+    Stack,
+    deployment,
+    free_port,
+    group,
+    serve,
+    sqlite_state,
+    wait_for,
+)
 
 HI = [{"role": "user", "content": "hi"}]
 # (route, body, how /v1/responses is served)
@@ -79,6 +92,38 @@ def test_a_stream_the_client_drops_is_billed_for_what_it_relayed(
     assert all(prompt > 0 and completion >= 5 for prompt, completion, *_ in rows), rows
     assert PRICES["sim-chat"]["input"] == 0.0  # so the cost is the completion's alone
     assert sum(cost for _, _, cost, _ in rows) == pytest.approx(spend)
+
+
+@pytest.mark.sim(default="ok?tokens=200&delay=0.02")
+def test_streams_dropped_on_two_workers_are_all_billed(
+    stack: Stack, sim: SimServer, tmp_path: Path
+) -> None:
+    settings = config(sim, sqlite_state(tmp_path, spend_flush_interval=0.1))
+    path = tmp_path / "ballast.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    port = free_port()
+    process = serve(path, port, workers=2, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: len(workers(process.pid)) == 2, timeout=30)
+        wait_for(lambda: admin_at(url, "/health")[0] == 200, timeout=30)
+        created = urllib.request.Request(
+            url + "/admin/keys",
+            data=json.dumps({"name": "w", "budget": 1e6, "budget_period": "total"}).encode(),
+            headers={"authorization": f"Bearer {MASTER}", "content-type": "application/json"},
+        )
+        with urllib.request.urlopen(created, timeout=10) as response:
+            made = json.loads(response.read())
+        key, key_id = made["key"], made["id"]
+        chat, body, _ = SHAPES["chat"]
+        for _ in range(6):  # new connections: the kernel spreads them over both workers
+            read_then_drop(port, key, chat, body, events=10)
+        wait_for(lambda: len(spend_rows(tmp_path, key_id)) == 6)
+        assert settled_spend(url, key_id, 6 * 5) >= 6 * 5
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr.decode()[-2000:]
 
 
 def ask(gateway: Gateway, key: str, model: str, **extra: Any) -> int:
