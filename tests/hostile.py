@@ -2,10 +2,11 @@
 
 The upstream answers any POST by the first part of its path (a deployment's URL is
 `http://127.0.0.1:PORT/<mode>/v1`): `huge` sends a 200 MB JSON answer, `bomb` a gzip body
-that inflates to 256 MB, `endless_sse` an event stream whose first line never ends, `cut` a
-200 MB answer that breaks off after 48 MB, `junk` a whole 48 MB answer that is not JSON.
+that inflates to 256 MB (`big_bomb`: about 1 MB that inflates to 1 GiB), `endless_sse` an
+event stream whose first line never ends (`long_line`: one 300 MB line, sent over 5 s), `cut` a
+60 MB answer that breaks off after 48 MB, `junk` a whole 48 MB answer that is not JSON.
 Each writes until the gateway drops the connection or its answer ends (bounded: at most
-200 MB a request). Every other request (the warm-up `GET /models`) gets a small JSON answer.
+300 MB a request). Every other request (the warm-up `GET /models`) gets a small JSON answer.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ _PIECE = b" " * MB  # JSON whitespace: a parser would read it all before it fail
 
 
 @functools.cache
-def gzip_bomb() -> bytes:
-    """256 MB of zeros, gzip-compressed to about 260 KB."""
+def gzip_bomb(megabytes: int = 256) -> bytes:
+    """`megabytes` of zeros, gzip-compressed (256 MB to about 260 KB, 1 GiB to about 1 MB)."""
     packer = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     zeros = bytes(MB)
-    return b"".join([*(packer.compress(zeros) for _ in range(256)), packer.flush()])
+    return b"".join([*(packer.compress(zeros) for _ in range(megabytes)), packer.flush()])
 
 
 async def _huge(writer: asyncio.StreamWriter) -> None:
@@ -52,9 +53,10 @@ CUT = 48 * MB
 
 
 async def _cut(writer: asyncio.StreamWriter) -> None:
-    """A 200 MB answer that breaks off after 48 MB (below a 64 MB limit)."""
+    """A 60 MB answer (below a 64 MB limit) that breaks off after 48 MB."""
     writer.write(
-        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n{" % HUGE
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n{"
+        % (60 * MB)
     )
     for _ in range(CUT // MB):
         writer.write(_PIECE)
@@ -71,8 +73,8 @@ async def _junk(writer: asyncio.StreamWriter) -> None:
         await writer.drain()
 
 
-async def _bomb(writer: asyncio.StreamWriter) -> None:
-    body = gzip_bomb()
+async def _bomb(writer: asyncio.StreamWriter, megabytes: int = 256) -> None:
+    body = gzip_bomb(megabytes)
     writer.write(
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
         b"content-length: %d\r\n\r\n" % len(body)
@@ -93,10 +95,25 @@ async def _endless_sse(writer: asyncio.StreamWriter) -> None:
         await writer.drain()
 
 
+async def _long_line(writer: asyncio.StreamWriter) -> None:
+    """An event stream whose one line is 300 MB long, sent over about 5 s."""
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    writer.write(b"6\r\ndata: \r\n")
+    chunk = b"%x\r\n%s\r\n" % (len(_PIECE), b"x" * MB)
+    for _ in range(300):
+        writer.write(chunk)
+        await writer.drain()
+        await asyncio.sleep(1 / 60)
+
+
 MODES: dict[str, Callable[[asyncio.StreamWriter], Awaitable[None]]] = {
     "huge": _huge,
     "bomb": _bomb,
+    "big_bomb": functools.partial(_bomb, megabytes=1024),
     "endless_sse": _endless_sse,
+    "long_line": _long_line,
     "cut": _cut,
     "junk": _junk,
 }
@@ -158,6 +175,19 @@ def rss(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+def peak(pid: int) -> int:
+    """The most resident bytes a process had since its peak was last reset."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def reset_peak(pid: int) -> None:
+    """Start a process's peak (`VmHWM`) again from what it holds now."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 @contextlib.contextmanager

@@ -202,3 +202,26 @@ def test_a_restarted_gateway_resumes_the_job_without_resubmitting(
     assert len(remote.calls("run")) == 1
     pollers = {c["instance"] for c in remote.calls("status")}
     assert len(pollers) == 2, "polled first by one gateway, then by the other"
+
+
+def test_a_job_passes_the_keys_model_list_rate_limit_and_budget(
+    stack: Stack, tmp_path: Path
+) -> None:
+    gateway, _, _ = start(stack, tmp_path)
+    job = {"backend": "gpu", "input": {"prompt": "a cat"}}
+    # A key restricted to a model may not use a backend its list does not name.
+    chat_only = new_key(gateway, models=["chat"])
+    status, body, _ = call(gateway, "POST", "/v1/jobs", job, chat_only)
+    assert status == 403 and body["error"]["param"] == "backend", body
+    assert call(gateway, "POST", "/v1/jobs", job, new_key(gateway, models=["gpu"]))[0] == 202
+    # A key whose requests a minute are used up (here by a chat request) submits none.
+    one_a_minute = new_key(gateway, rpm=1)
+    chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    assert call(gateway, "POST", "/v1/chat/completions", chat, one_a_minute)[0] == 200
+    status, body, _ = call(gateway, "POST", "/v1/jobs", job, one_a_minute)
+    assert status == 429 and body["error"]["code"] == "rate_limit_exceeded", body
+    # A key whose budget is used up submits none.
+    spent = new_key(gateway, budget=0.0, budget_period="total")
+    status, body, _ = call(gateway, "POST", "/v1/jobs", job, spent)
+    assert status == 429 and body["error"]["code"] == "insufficient_quota", body
+    assert call(gateway, "POST", "/v1/jobs", job, new_key(gateway, budget=1.0))[0] == 202

@@ -123,6 +123,8 @@ class JobsApi:
             raise bad_request("'backend' is required (a configured job backend).", "backend")
         if "input" not in body:
             raise bad_request("'input' is required.", "input")
+        if self.access is not None and key is not ANONYMOUS:
+            await self.access.admit_job(key, backend)
         conf = self.settings.backends.get(backend)
         if conf is None or self.dispatcher is None:
             raise ApiError(

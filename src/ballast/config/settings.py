@@ -51,9 +51,10 @@ class Settings(Section):
         return groups
 
     def serves(self, model: str) -> bool:
-        """True when a request for `model` has a group to go to (the key admin asks, so a
-        key is not given a model nothing serves)."""
-        return serves(self.models, model)
+        """True when a request for `model` has a group to go to, or `model` is a job
+        backend (the key admin asks, so a key's model list names only what exists: the
+        models and job backends it may use)."""
+        return serves(self.models, model) or model in self.jobs.backends
 
     def timeouts_for(self, deployment: Deployment) -> Timeouts:
         return deployment.timeouts.apply(self.timeouts)

@@ -110,4 +110,6 @@ def answer_fields(
             fields["output_tokens"] = answer.output_tokens
             fields["cached_tokens"] = answer.cached_tokens
             fields["cost"] = answer.cost
+            if getattr(request, "usage_estimated", False):
+                fields["usage_estimated"] = True  # a stream cut short: Ballast's estimate
     return fields

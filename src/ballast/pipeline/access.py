@@ -295,6 +295,25 @@ class Access:
             raise
         return Ticket(key, lease, estimated, holds, team_lease)
 
+    async def admit_job(self, key: KeyRecord, backend: str) -> None:
+        """A job submitted under `key` passes its limits as a request does: its model list
+        names the backend, its budget is not used up (a job has no price: nothing is
+        reserved), and the submission counts against its rate limits."""
+        if key is MASTER:
+            return
+        if not key.allows(backend):
+            raise ApiError(
+                403,
+                f"This key may not use the job backend '{backend[:200]}'.",
+                "invalid_request_error",
+                "model_not_allowed",
+                "backend",
+            )
+        await self.gate.check_spent(key)
+        if key.rpm is not None or key.tpm is not None or key.max_parallel is not None:
+            lease = await self._limit(Limits(key.id, key.rpm, key.tpm, key.max_parallel), 0, "key")
+            self.limiter.release_soon(lease, 0)
+
     def budget_left(self, key: KeyRecord) -> float | None:
         """Dollars left in the key's period as far as known without a query (the metrics'
         budget gauge), or None."""
@@ -336,8 +355,11 @@ class Access:
         usage: Any,
         deployment: str | None,
         cached: bool = False,
+        estimated: bool = False,
     ) -> None:
-        """After the answer: reconcile the token estimate and record spend (off the path)."""
+        """After the answer: reconcile the token estimate and record spend (off the path).
+        `estimated`: the usage is Ballast's estimate of a stream cut short, marked so in
+        spend."""
         if ticket is None:
             return
         prompt, completion = token_counts(usage)
@@ -371,6 +393,7 @@ class Access:
                 cost,
                 cached,
                 now,
+                estimated,
             )
         )
 

@@ -69,7 +69,7 @@ class BudgetGate:
         if not budgets:
             return ()
         if self.budgets is None:
-            await self._check_spent(key)
+            await self.check_spent(key)
             return ()
         worst = self.pricing.worst_case(request)
         holds: list[Hold] = []
@@ -87,15 +87,16 @@ class BudgetGate:
         except LedgerUnavailable:
             self.give_back(tuple(holds))
             log.warning("budget ledger unavailable; checking the known spend instead")
-            await self._check_spent(key)
+            await self.check_spent(key)
             return ()
         except BaseException:
             self.give_back(tuple(holds))
             raise
         return tuple(holds)
 
-    async def _check_spent(self, key: KeyRecord) -> None:
-        """Without the ledger: the key's budget against its known spend."""
+    async def check_spent(self, key: KeyRecord) -> None:
+        """The key's budget against its known spend (without the ledger; and for a job,
+        which has no price to reserve): 429 when it is used up."""
         if key.budget is None:
             return
         spent = self._known_spend(key)

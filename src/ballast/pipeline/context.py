@@ -53,6 +53,7 @@ class RequestContext:
     # What answered, for the request log and metrics (set at settle).
     usage: Any = None  # the usage the upstream reported
     tokens: tuple[int, int] | None = None  # (prompt, completion) from that usage
+    usage_estimated: bool = False  # Ballast's estimate (a stream cut short), not reported
     answered_model: str | None = None  # the model name in the answer
     finish_reason: str | None = None  # the answer's first choice's
     upstream_headers: Any = None  # the answering upstream's headers (its request id)

@@ -4,11 +4,13 @@ usage and spend are settled before the answer's last bytes go out."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable
 from typing import Any
 
 from ballast.cache.replay import is_complete
 from ballast.config import ModelGroup
+from ballast.pipeline.access import estimate_prompt_tokens
 from ballast.pipeline.asgi import EVENT_STREAM, JSON, NO_CACHE, DisconnectWatch
 from ballast.pipeline.caching import StreamRecorder
 from ballast.pipeline.context import RequestContext
@@ -21,6 +23,8 @@ from ballast.pipeline.stages import Flow, Next
 from ballast.routing.attempt_loop import Attempts
 from ballast.routing.dispatch import OpenStream
 from ballast.types import Message
+
+log = logging.getLogger("ballast.api")
 
 
 def finish_reason(payload: dict[str, Any]) -> str | None:
@@ -106,8 +110,28 @@ class Dispatch:
                 await responder.events([], False)
         finally:
             relay.close()
+            if not ctx.settled:  # cut short: the client left, or the stream was cancelled
+                self._settle_cut(ctx, relay)
         ctx.finish_reason = relay.opened.stream.state.finish_reason
         pipeline.settle(ctx, relay.model or ctx.model, relay.usage, relay.deployment)
+
+    def _settle_cut(self, ctx: RequestContext, relay: Relay) -> None:
+        """A stream that ended before it was settled is billed for what it relayed: the
+        upstream's usage when it came, else an estimate marked as one (spend, log)."""
+        model = relay.model or ctx.model
+        usage = relay.usage
+        if isinstance(usage, dict):
+            self.pipeline.settle(ctx, model, usage, relay.deployment)
+            return
+        usage = relay.relayed_usage(estimate_prompt_tokens(ctx))
+        self.pipeline.settle(ctx, model, usage, relay.deployment, estimated=True)
+        log.info(
+            "stream %s cut before its usage came: billed an estimate of %d prompt and %d"
+            " completion tokens",
+            ctx.request_id,
+            usage["prompt_tokens"],
+            usage["completion_tokens"],
+        )
 
     async def _open(
         self,

@@ -39,16 +39,25 @@ class Pipeline:
         self.access: Access | None = None
         self.cache: ResponseCache | None = None  # used by groups with `cache`
 
-    def settle(self, ctx: RequestContext, model: str, usage: Any, deployment: str | None) -> None:
-        """Usage and spend for the key, exactly once per request (the first call wins)."""
+    def settle(
+        self,
+        ctx: RequestContext,
+        model: str,
+        usage: Any,
+        deployment: str | None,
+        estimated: bool = False,
+    ) -> None:
+        """Usage and spend for the key, exactly once per request (the first call wins).
+        `estimated`: the usage is Ballast's estimate (a stream cut short), not the upstream's."""
         if ctx.settled:
             return
         ctx.settled = True
         ctx.usage = usage
+        ctx.usage_estimated = estimated
         ctx.answered_model = model or None
         if isinstance(usage, dict):
             ctx.tokens = token_counts(usage)
         if self.access is not None and ctx.ticket is not None:
             if deployment is None and ctx.attempts is not None:
                 deployment = ctx.attempts.deployment  # the one that answered
-            self.access.settle(ctx.ticket, model, usage, deployment)
+            self.access.settle(ctx.ticket, model, usage, deployment, estimated=estimated)

@@ -78,6 +78,18 @@ class Relay:
     def usage(self) -> object:
         return self.opened.stream.state.usage
 
+    def relayed_usage(self, prompt: int) -> dict[str, int]:
+        """What a stream cut short without the upstream's usage has cost, estimated: the
+        prompt's `prompt` tokens and the output tokens its streams carried (the first one
+        and the continuation that replaced it, each of which an upstream bills)."""
+        first, last = self.first.stream.state, self.opened.stream.state
+        completion = first.relayed_tokens + (0 if last is first else last.relayed_tokens)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
     async def events(self) -> AsyncIterator[Piece]:
         """The client's pieces: whole events, and last, when nothing could heal the stream,
         the error that ends it."""

@@ -56,6 +56,8 @@ spend_events = sa.Table(
     sa.Column("cost", sa.Float, nullable=False),
     sa.Column("cached", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("created_at", sa.Float, nullable=False),
+    # Ballast's estimate (a stream cut short before the upstream's usage came), not reported.
+    sa.Column("estimated", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index("ix_spend_key_period", "key_id", "period"),
 )
 

@@ -30,6 +30,7 @@ class SpendEvent(NamedTuple):
     cost: float
     cached: bool
     created_at: float
+    estimated: bool = False  # Ballast's estimate of a stream cut short, not the upstream's
 
     def row(self) -> dict[str, Any]:
         return self._asdict()
@@ -47,14 +48,21 @@ class SpendEvent(NamedTuple):
             cost=float(row["cost"]),
             cached=bool(row["cached"]),
             created_at=float(row["created_at"]),
+            estimated=bool(row.get("estimated", False)),
         )
+
+    @classmethod
+    def of_values(cls, values: list[Any]) -> SpendEvent:
+        """An event from its values in column order (a line of the buffer or its log;
+        one written before `estimated` existed has one value less)."""
+        return cls(*values)
 
 
 _EVENT_COLUMNS = SpendEvent._fields
 
 # A `SpendEvent`'s values as a plain tuple, in column order: what the hot path records
 # (about 0.3 us less than making the named tuple, which the encoder would copy anyway).
-SpendRow = tuple[str, str, str, str, str | None, int, int, float, bool, float]
+SpendRow = tuple[str, str, str, str, str | None, int, int, float, bool, float, bool]
 
 
 # The most a single JSON statement of events carries (the last event may pass it): about
@@ -126,9 +134,8 @@ class EventBuffer:
 
     def events(self) -> list[SpendEvent]:
         """The events decoded, oldest first."""
-        return [
-            SpendEvent._make(row) for text, _ in self.json_arrays() for row in orjson.loads(text)
-        ]
+        arrays = self.json_arrays()
+        return [SpendEvent.of_values(row) for text, _ in arrays for row in orjson.loads(text)]
 
 
 def _storable(row: tuple[Any, ...]) -> tuple[Any, ...]:

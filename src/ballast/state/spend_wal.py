@@ -105,7 +105,7 @@ def read_segment(path: Path) -> list[SpendEvent]:
             if not line.endswith(b"\n"):
                 continue  # torn: its answer never completed
             try:
-                events.append(SpendEvent._make(orjson.loads(line)))
+                events.append(SpendEvent.of_values(orjson.loads(line)))
             except (orjson.JSONDecodeError, TypeError, ValueError):
                 log.warning("spend write-ahead log %s: skipping a torn line", path.name)
     return events

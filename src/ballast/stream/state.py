@@ -49,7 +49,15 @@ class StreamState:
     usage: dict[str, Any] | None = None
     malformed: int = 0
     limit: int = 1_000_000
-    kept: int = 0
+    kept: int = 0  # characters of output seen (text, reasoning, tool arguments), kept or not
+    pieces: int = 0  # the deltas that carried them
+
+    @property
+    def relayed_tokens(self) -> int:
+        """The output tokens this stream carried, estimated when no usage says: a delta
+        carries one token or more, a token is four characters or fewer (CJK text: one
+        character a token, one a delta), so the larger of the two."""
+        return max(self.pieces, -(-self.kept // 4))
 
     @property
     def content(self) -> str:
@@ -79,6 +87,7 @@ class StreamState:
                 if piece and isinstance(piece, str):
                     self.output = True
                     self.kept += len(piece)
+                    self.pieces += 1
                     if self.kept <= self.limit:
                         self.text.append(piece)
                     else:
@@ -102,8 +111,10 @@ class StreamState:
         if kind.endswith(".delta"):
             self.output = True
             piece = payload.get("delta")
-            if kind == "response.output_text.delta" and isinstance(piece, str):
+            if isinstance(piece, str):  # text, reasoning, a call's arguments: all billed
                 self.kept += len(piece)
+                self.pieces += 1
+            if kind == "response.output_text.delta" and isinstance(piece, str):
                 if self.kept <= self.limit:
                     self.text.append(piece)
                 else:
@@ -128,6 +139,7 @@ class StreamState:
             if piece and isinstance(piece, str):
                 self.output = True
                 self.kept += len(piece)
+                self.pieces += 1
                 if self.kept <= self.limit:
                     self.reasoning.append(piece)
                 else:
@@ -168,6 +180,7 @@ class StreamState:
             if isinstance(arguments, str):
                 if arguments:
                     self.kept += len(arguments)
+                    self.pieces += 1
                     if self.kept <= self.limit:
                         entry.arguments.append(arguments)
                     else:

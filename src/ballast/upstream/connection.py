@@ -120,7 +120,10 @@ class _Connection(asyncio.Protocol):
         coding = b""
         for name, value in response.raw_headers:
             lowered = name.lower()
-            if lowered == b"content-length" or lowered == b"transfer-encoding":
+            if lowered == b"content-length":
+                framed = True
+                response.length = int(value)  # the parser has checked its digits
+            elif lowered == b"transfer-encoding":
                 framed = True
             elif lowered == b"content-encoding":
                 coding = value.strip().lower()

@@ -70,6 +70,7 @@ class Response:
         "headers_done",
         "high_water",
         "keep_alive",
+        "length",
         "raw_headers",
         "status",
     )
@@ -83,6 +84,7 @@ class Response:
         self.headers_done = False
         self.complete = False
         self.keep_alive = False
+        self.length = -1  # the content-length the answer announced, -1 when it did not
         self._until_eof = False
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
@@ -137,7 +139,11 @@ class Response:
 
     async def read(self, limit: int = -1, max_size: int = -1) -> bytes:
         """The whole body, or its first `limit` bytes. A body past `max_size` bytes raises
-        TooLarge and drops the connection; nothing read of it is kept."""
+        TooLarge and drops the connection; nothing read of it is kept. One that announces
+        more than `max_size` (a content-length, not encoded) is refused before any is read."""
+        if 0 <= max_size < self.length and self._decoder is None:
+            self.close()
+            raise TooLarge(f"the answer announces {self.length} bytes, over {max_size}")
         parts: list[bytes] = []
         size = 0
         try:

@@ -34,6 +34,7 @@ from ballast.state.spend import (
     period_of,
 )
 from ballast.state.spend_buffer import _EVENT_COLUMNS
+from ballast.state.spend_wal import read_segment
 
 INTERVAL = 1.0
 
@@ -563,6 +564,20 @@ def test_an_event_row_has_every_field_and_reads_back() -> None:
     row = event.row()
     assert set(row) == set(SpendEvent._fields)
     assert SpendEvent.from_row(row) == event
+    estimated = event._replace(estimated=True)
+    assert SpendEvent.from_row(estimated.row()) == estimated
+
+
+def test_a_write_ahead_log_line_from_before_estimates_reads_back_as_reported(
+    tmp_path: Path,
+) -> None:
+    segment = tmp_path / "old.wal"
+    old = ["e-1", "k", "total", "m", None, 9, 7, 0.25, False, 1.5]  # ten values, no `estimated`
+    new = [*old[:9], 2.5, True]
+    segment.write_bytes(orjson.dumps(old) + b"\n" + orjson.dumps(new) + b"\n")
+    first, second = read_segment(segment)
+    assert not first.estimated and first.created_at == 1.5
+    assert second.estimated and second.created_at == 2.5
 
 
 async def _totals(db: Database) -> dict[tuple[str, str], float]:
@@ -612,10 +627,14 @@ async def test_upgrading_an_older_database_fills_the_totals_in(tmp_path: Path) -
         config.attributes["connection"] = connection
         command.upgrade(config, "0002")
 
+    def as_of_0002(row: dict[str, Any]) -> dict[str, Any]:
+        return {name: value for name, value in row.items() if name != "estimated"}
+
     async with database.begin() as connection:
         await connection.run_sync(to_0002)
         await connection.execute(
-            spend_events.insert(), [event("old", 0.25).row(), event("old", 2.0).row()]
+            spend_events.insert(),
+            [as_of_0002(event("old", 0.25).row()), as_of_0002(event("old", 2.0).row())],
         )
     await database.upgrade()
     assert await _totals(database) == pytest.approx({("old", "total"): 2.25})

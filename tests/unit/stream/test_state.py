@@ -15,3 +15,24 @@ def test_a_stream_keeps_its_text_for_continuation_up_to_a_limit() -> None:
     assert state.content == "" and state.reasoning_text == ""
     state.observe({"choices": [{"delta": {"content": "more"}, "finish_reason": "stop"}]})
     assert state.output and state.finished and state.content == ""
+
+
+def test_the_output_tokens_relayed_count_text_reasoning_and_tool_arguments() -> None:
+    state = StreamState(limit=10)  # past the limit the text goes, the count stays
+    state.observe({"choices": [{"delta": {"content": "a" * 40}}]})  # 10 tokens of 4
+    state.observe({"choices": [{"delta": {"reasoning_content": "b" * 8}}]})  # 2
+    call = {"index": 0, "id": "c", "function": {"name": "f", "arguments": "c" * 8}}
+    state.observe({"choices": [{"delta": {"tool_calls": [call]}}]})  # 2
+    assert state.relayed_tokens == 14
+    cjk = StreamState()
+    for piece in "一二三四五六":  # a character a token, a delta each
+        cjk.observe({"choices": [{"delta": {"content": piece}}]})
+    assert cjk.relayed_tokens == 6
+
+
+def test_the_output_tokens_of_a_responses_stream_count_every_kind_of_delta() -> None:
+    state = StreamState()
+    state.observe({"type": "response.output_text.delta", "delta": "a" * 8})
+    state.observe({"type": "response.function_call_arguments.delta", "delta": "b" * 8})
+    state.observe({"type": "response.reasoning_summary_text.delta", "delta": "c" * 8})
+    assert state.relayed_tokens == 6

@@ -218,6 +218,19 @@ async def test_gzip_bomb_inflates_in_bounded_steps_and_ends_at_its_limit(serve) 
     await p.close()
 
 
+async def test_an_answer_announcing_more_than_max_size_is_refused_before_its_body(serve) -> None:
+    # 200 MB announced, a few bytes sent: the refusal cannot wait for the body.
+    raw = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n{   " % (200 << 20)
+    _, origin = await serve(answer(raw))
+    p = pool()
+    response = await p.request(origin, head(), b"{}")
+    assert response.length == 200 << 20
+    with pytest.raises(http1.TooLarge, match="announces 209715200 bytes, over 1048576"):
+        await asyncio.wait_for(response.read(max_size=1 << 20), 1)
+    assert response._conn is None and not response._chunks
+    await p.close()
+
+
 async def test_pool_bound_waits_then_times_out(serve) -> None:
     server, origin = await serve(answer(OK))
     p = pool(limit=1, pool_timeout=0.2)
