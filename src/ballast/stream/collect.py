@@ -12,7 +12,7 @@ from ballast.resilience.clock import Clock
 from ballast.resilience.deadline import Watchdog
 from ballast.resilience.failures import Failure
 from ballast.stream.event import StreamEvent
-from ballast.stream.exchange import UpstreamStream
+from ballast.stream.exchange import UpstreamStream, stream_of
 from ballast.upstream.answer import Reply, answer_head, reply_of, too_large
 from ballast.upstream.client import Upstream, UpstreamRequest
 from ballast.upstream.http1 import HttpError, Response, TooLarge
@@ -39,14 +39,7 @@ async def collect(
         return await _whole(
             response, watchdog, upstream, path, min(until, now + upstream.timeouts.answer), wire
         )
-    stream = UpstreamStream(
-        upstream,
-        response,
-        clock,
-        watchdog,
-        None if wire is None else wire.decoder(upstream.max_event_bytes),
-    )
-    stream.until = until
+    stream = stream_of(upstream, request, response, clock, watchdog)
     try:
         events = await _read(stream, first, upstream.answer_limit(path))
     except TooLarge:

@@ -299,6 +299,22 @@ class UpstreamStream:
             self.response.close()
 
 
+def stream_of(
+    upstream: Upstream,
+    request: UpstreamRequest,
+    response: Response,
+    clock: Clock,
+    watchdog: Watchdog,
+) -> UpstreamStream:
+    """The stream of a 2xx answer to `request`: read in the provider's wire, bounded by the
+    request's deadline, under the clock the answer's head was awaited on."""
+    wire = request.wire
+    decoder = None if wire is None else wire.decoder(upstream.max_event_bytes)
+    stream = UpstreamStream(upstream, response, clock, watchdog, decoder)
+    stream.until = request.until
+    return stream
+
+
 async def open_stream(
     upstream: Upstream, request: UpstreamRequest, clock: Clock
 ) -> tuple[UpstreamStream, list[StreamEvent]]:
@@ -318,14 +334,7 @@ async def open_stream(
             f"expected an event stream, got {content_type or 'nothing'}",
             deployment=upstream.id,
         )
-    stream = UpstreamStream(
-        upstream,
-        response,
-        clock,
-        watchdog,
-        None if wire is None else wire.decoder(upstream.max_event_bytes),
-    )
-    stream.until = until
+    stream = stream_of(upstream, request, response, clock, watchdog)
     held: list[StreamEvent] = []
     try:
         while True:
