@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from ballast.stream.assemble import COMPLETE_REASONS
+from ballast.stream.assemble import COMPLETE_REASONS, identity
 from ballast.stream.event import DONE_EVENT, StreamEvent
 
 # Replayed text is cut into pieces of about this many characters, at whitespace.
@@ -55,14 +55,7 @@ def replay(path: str, body: bytes, include_usage: bool) -> list[StreamEvent]:
     """The chat events a streaming client would have got for this complete answer."""
     payload = orjson.loads(body)
     chat = path == "/chat/completions"
-    head: dict[str, Any] = {
-        "id": payload.get("id", ""),
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": payload.get("created", 0),
-        "model": payload.get("model", ""),
-    }
-    if payload.get("system_fingerprint") is not None:
-        head["system_fingerprint"] = payload["system_fingerprint"]
+    head = identity(payload, "chat.completion.chunk" if chat else "text_completion")
     out: list[StreamEvent] = []
     choices = payload.get("choices") or []
     for choice in choices:

@@ -67,14 +67,7 @@ def assemble_payload(
         return None
     if any(c.finish not in COMPLETE_REASONS for c in choices.values()):
         return None
-    body: dict[str, Any] = {
-        "id": head.get("id", ""),
-        "object": "chat.completion" if chat else "text_completion",
-        "created": head.get("created", 0),
-        "model": head.get("model", ""),
-    }
-    if head.get("system_fingerprint") is not None:
-        body["system_fingerprint"] = head["system_fingerprint"]
+    body = identity(head, "chat.completion" if chat else "text_completion")
     body["choices"] = [
         _chat_message(i, choices[i]) if chat else _text_message(i, choices[i])
         for i in sorted(choices)
@@ -82,6 +75,21 @@ def assemble_payload(
     if isinstance(usage, dict):
         body["usage"] = usage
     return body
+
+
+def identity(source: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The fields a chunk and its whole answer share (id, created, model, fingerprint),
+    taken from `source` for an object of `kind`: a stream's first chunk made whole, or a whole
+    answer replayed as chunks."""
+    out: dict[str, Any] = {
+        "id": source.get("id", ""),
+        "object": kind,
+        "created": source.get("created", 0),
+        "model": source.get("model", ""),
+    }
+    if source.get("system_fingerprint") is not None:
+        out["system_fingerprint"] = source["system_fingerprint"]
+    return out
 
 
 def _merge_choice(choices: dict[int, _Choice], raw: Any, chat: bool) -> bool:
