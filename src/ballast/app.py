@@ -28,6 +28,7 @@ from ballast.config import Settings, secret_values
 from ballast.gc_tuning import settle_after_startup
 from ballast.jobs.dispatcher import Dispatcher
 from ballast.jobs.store import JobStore
+from ballast.mcp.gateway import MCP_PATH, McpGateway
 from ballast.observe.hub import Observer
 from ballast.observe.logs import hide
 from ballast.pipeline.access import Access
@@ -103,6 +104,7 @@ class BallastApp:
             Dispatcher(settings.jobs, self.job_store, clock) if settings.jobs.backends else None
         )
         self.jobs = JobsApi(settings.jobs, self.job_store, self.dispatcher, clock)
+        self.mcp = McpGateway(settings, clock, self.observer)  # `/mcp`, before tool servers
         # Routes of shapes other than OpenAI's: their errors before the pipeline take that form.
         self._shapes: dict[str, Shape] = {
             "/v1/messages": MESSAGES,
@@ -153,6 +155,9 @@ class BallastApp:
             if path.startswith(MODELS_PREFIX):
                 await generation.get[MODELS_PREFIX](scope, receive, send)
                 return
+        if path == MCP_PATH:
+            await self.mcp(scope, receive, send)
+            return
         if path.startswith("/admin/"):
             await self.admin.handle(scope, receive, send)
             return
@@ -207,6 +212,8 @@ class BallastApp:
         self.observer.budget_left = access.budget_left
         self.observer.cost_of_answer = access.pricing.cost
         self.jobs.access = access
+        self.mcp.access = access
+        await self.mcp.start()
         if self.dispatcher is not None:
             self.dispatcher.start()
         self.pipeline.cache = build_cache(self.settings, self.state.store, self.clock)
@@ -223,6 +230,7 @@ class BallastApp:
         await self.reloader.close()
         await self.fleet.close()
         await self.router.close()
+        await self.mcp.close()
         if self.dispatcher is not None:
             await self.dispatcher.close()  # in-flight results written, leases handed back
         await self.state.close()

@@ -149,7 +149,7 @@ class HandleCache:
             backoff = self._backoff.delay(count - 1)
             self._failures[key] = (count, self._clock.monotonic() + backoff)
             self.stats.failed += 1
-            log.warning("could not create a handle for model %s: %s", key[1], type(exc).__name__)
+            log.warning("could not create a handle for %s: %s", key[1], type(exc).__name__)
             flight.set_exception(HandleUnavailable("could not create a run", backoff))
             flight.exception()  # retrieved: waiters get it through the shield
         else:
@@ -183,6 +183,15 @@ class HandleCache:
                     "shared handles unavailable (%s); using the local cache", type(exc).__name__
                 )
         return await create()
+
+    def forget(self, key: Key) -> None:
+        """Whoever held `key` is gone (a client ended its session): release its handle."""
+        handle = self._handles.pop(key, None)
+        self._sessions.pop(key, None)
+        self._failures.pop(key, None)
+        if handle is not None:
+            self._lifetimes.pop(handle.run_id, None)
+            self._retire(handle)
 
     def _retire(self, handle: Handle) -> None:
         """Release a replaced handle's remote resource, best effort, off the request path."""

@@ -1,0 +1,186 @@
+"""`/mcp` end to end: the official MCP SDK as the client, tool servers built with the same
+SDK behind Ballast (tests/mcp_server.py), real loopback ports. Tools from two servers are
+listed as one, calls are routed by prefix, a server restart between two calls is healed
+without the client noticing, and a server down or silent costs the client a bounded error
+and never the other server's tools."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from ballast.sim.server import SimServer
+from tests.faultproxy import FaultProxy
+from tests.mcp_server import ToolServer
+from tests.stack import Gateway, Stack, deployment, free_port, group
+
+T = TypeVar("T")
+SECRET = "upstream-secret-for-alpha"
+
+
+def echo(text: str) -> str:
+    """Say the text back."""
+    return text
+
+
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+def shout(text: str) -> str:
+    """Say the text back in capitals."""
+    return text.upper()
+
+
+@pytest.fixture
+def alpha(stack: Stack) -> Iterator[ToolServer]:
+    server = stack.thread.run(ToolServer("alpha", echo, add).start())
+    yield server
+    stack.thread.run(server.close())
+
+
+@pytest.fixture
+def beta(stack: Stack) -> Iterator[ToolServer]:
+    server = stack.thread.run(ToolServer("beta", shout, json_response=True).start())
+    yield server
+    stack.thread.run(server.close())
+
+
+def server(name: str, url: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "url": url, "revision": "2025-11-25", **extra}
+
+
+def gateway(stack: Stack, sim: SimServer, *servers: dict[str, Any], **mcp: Any) -> Gateway:
+    return stack.gateway(
+        {
+            "state": {"database_url": "sqlite:///:memory:"},
+            "models": [group("m", deployment("d1", sim))],
+            "mcp": {"servers": list(servers), **mcp},
+        }
+    )
+
+
+def run(
+    stack: Stack,
+    gw: Gateway,
+    body: Callable[[Client], Awaitable[T]],
+    key: str | None = None,
+    mode: str = "legacy",
+) -> T:
+    """`body` with an SDK client connected to the gateway's /mcp."""
+
+    async def connected() -> T:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        async with httpx2.AsyncClient(headers=headers, timeout=20) as http:
+            transport = streamable_http_client(gw.url + "/mcp", http_client=http)
+            async with Client(transport, mode=mode) as client:  # type: ignore[arg-type]
+                return await body(client)
+
+    return stack.thread.run(connected())
+
+
+async def tool_names(client: Client) -> list[str]:
+    return sorted(tool.name for tool in (await client.list_tools()).tools)
+
+
+def text_of(result: Any) -> str:
+    return "".join(getattr(part, "text", "") for part in result.content)
+
+
+def test_tools_of_two_servers_are_listed_as_one_and_calls_are_routed(
+    stack: Stack, sim: SimServer, alpha: ToolServer, beta: ToolServer
+) -> None:
+    gw = gateway(stack, sim, server("alpha", alpha.url), server("beta", beta.url))
+
+    async def body(client: Client) -> tuple[list[str], str, str, bool]:
+        names = await tool_names(client)
+        summed = await client.call_tool("alpha__add", {"a": 2, "b": 3})
+        shouted = await client.call_tool("beta__shout", {"text": "hi"})
+        return names, text_of(summed), text_of(shouted), bool(shouted.is_error)
+
+    names, summed, shouted, failed = run(stack, gw, body)
+    assert names == ["alpha__add", "alpha__echo", "beta__shout"]
+    assert (summed, shouted, failed) == ("5", "HI", False)
+
+
+def test_a_server_restart_between_two_calls_is_healed_without_the_client_noticing(
+    stack: Stack, sim: SimServer, alpha: ToolServer
+) -> None:
+    gw = gateway(stack, sim, server("alpha", alpha.url))
+
+    async def body(client: Client) -> list[str]:
+        first = await client.call_tool("alpha__echo", {"text": "one"})
+        await alpha.restart()  # every session id it gave out now answers 404
+        second = await client.call_tool("alpha__echo", {"text": "two"})
+        names = await tool_names(client)
+        assert not first.is_error and not second.is_error
+        return [text_of(first), text_of(second), *names]
+
+    assert run(stack, gw, body) == ["one", "two", "alpha__add", "alpha__echo"]
+    upstream = gw.app.mcp.upstreams["alpha"]
+    assert upstream.heals == 1
+    assert alpha.initializes == 2  # the session, and the one that replaced it
+
+
+def test_concurrent_calls_meeting_one_lost_session_share_one_initialize(
+    stack: Stack, sim: SimServer, alpha: ToolServer
+) -> None:
+    gw = gateway(stack, sim, server("alpha", alpha.url))
+
+    async def body(client: Client) -> list[str]:
+        await client.call_tool("alpha__echo", {"text": "warm"})
+        await alpha.restart()
+        calls = [client.call_tool("alpha__echo", {"text": f"c{i}"}) for i in range(8)]
+        return [text_of(result) for result in await asyncio.gather(*calls)]
+
+    assert run(stack, gw, body) == [f"c{i}" for i in range(8)]
+    assert alpha.initializes == 2  # eight requests met the 404; one initialize healed them
+
+
+def test_a_server_down_hides_only_its_own_tools_and_a_call_to_it_is_a_tool_error(
+    stack: Stack, sim: SimServer, alpha: ToolServer
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}/mcp"  # nothing listens there
+    gw = gateway(stack, sim, server("alpha", alpha.url), server("beta", down))
+
+    async def body(client: Client) -> tuple[list[str], Any]:
+        return await tool_names(client), await client.call_tool("beta__shout", {"text": "x"})
+
+    names, result = run(stack, gw, body)
+    assert names == ["alpha__add", "alpha__echo"]
+    assert result.is_error and "beta" in text_of(result)
+
+
+def test_a_blackholed_server_is_a_bounded_error_and_hides_nothing_else(
+    stack: Stack, sim: SimServer, alpha: ToolServer, beta: ToolServer
+) -> None:
+    proxy = FaultProxy("127.0.0.1", alpha.port)
+    port = stack.thread.run(proxy.start())
+    via_proxy = f"http://127.0.0.1:{port}/mcp"
+    fast = {"call_timeout": 0.5, "list_timeout": 0.5, "list_retries": 0}
+    gw = gateway(stack, sim, server("alpha", via_proxy, **fast), server("beta", beta.url))
+
+    async def body(client: Client) -> tuple[list[str], Any, float, list[str]]:
+        before = await tool_names(client)
+        proxy.blackhole()
+        started = time.monotonic()
+        result = await client.call_tool("alpha__echo", {"text": "lost"})
+        took = time.monotonic() - started
+        return before, result, took, await tool_names(client)
+
+    try:
+        before, result, took, after = run(stack, gw, body)
+    finally:
+        stack.thread.run(proxy.close())
+    assert before == ["alpha__add", "alpha__echo", "beta__shout"]
+    assert result.is_error and "did not answer in 0.5s" in text_of(result)
+    assert took < 5.0
+    assert after == ["beta__shout"]
