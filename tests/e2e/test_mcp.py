@@ -15,6 +15,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from ballast.sim.server import SimServer
 from tests.faultproxy import FaultProxy
@@ -81,7 +82,7 @@ def run(
         headers = {"authorization": f"Bearer {key}"} if key else {}
         async with httpx2.AsyncClient(headers=headers, timeout=20) as http:
             transport = streamable_http_client(gw.url + "/mcp", http_client=http)
-            async with Client(transport, mode=mode) as client:  # type: ignore[arg-type]
+            async with Client(transport, mode=mode) as client:
                 return await body(client)
 
     return stack.thread.run(connected())
@@ -184,3 +185,83 @@ def test_a_blackholed_server_is_a_bounded_error_and_hides_nothing_else(
     assert result.is_error and "did not answer in 0.5s" in text_of(result)
     assert took < 5.0
     assert after == ["beta__shout"]
+
+
+def test_a_keys_allowlist_holds_on_list_and_call_and_its_token_never_reaches_a_server(
+    stack: Stack, sim: SimServer, alpha: ToolServer, beta: ToolServer
+) -> None:
+    credential = {"authorization": f"Bearer {SECRET}"}
+    gw = gateway(
+        stack, sim, server("alpha", alpha.url, headers=credential), server("beta", beta.url)
+    )
+    key, record = stack.thread.run(gw.app.state.keys.create("agent", mcp=["alpha/echo", "beta"]))
+
+    async def body(client: Client) -> tuple[list[str], str, str]:
+        names = await tool_names(client)
+        echoed = await client.call_tool("alpha__echo", {"text": "ok"})
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("alpha__add", {"a": 1, "b": 2})
+        return names, text_of(echoed), str(refused.value)
+
+    names, echoed, refused = run(stack, gw, body, key=key)
+    assert names == ["alpha__echo", "beta__shout"]
+    assert echoed == "ok"
+    assert "alpha__add" in refused
+    assert alpha.received and all(h["authorization"] == f"Bearer {SECRET}" for h in alpha.received)
+    assert not any(key in str(headers) for headers in alpha.received + beta.received)
+    metrics = gw.app.observer.metrics.render().decode()
+    counted = 'ballast_mcp_tool_calls_total{key="%s",outcome="ok",server="alpha",tool="echo"} 1.0'
+    assert counted % record.id in metrics
+
+
+def test_a_keys_rate_limit_applies_to_tool_calls(
+    stack: Stack, sim: SimServer, alpha: ToolServer
+) -> None:
+    gw = gateway(stack, sim, server("alpha", alpha.url))
+    key, _ = stack.thread.run(gw.app.state.keys.create("slow", rpm=1))
+
+    async def body(client: Client) -> str:
+        await client.call_tool("alpha__echo", {"text": "one"})
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("alpha__echo", {"text": "two"})
+        return str(refused.value)
+
+    assert "Rate limit reached for requests" in run(stack, gw, body, key=key)
+
+
+def test_a_client_without_a_valid_key_is_refused(
+    stack: Stack, sim: SimServer, alpha: ToolServer
+) -> None:
+    gw = gateway(stack, sim, server("alpha", alpha.url))
+    stack.thread.run(gw.app.state.keys.create("someone"))
+
+    async def body(client: Client) -> list[str]:
+        return await tool_names(client)
+
+    with pytest.raises(ExceptionGroup) as refused:  # the handshake was refused
+        run(stack, gw, body, key="sk-bl-not-a-key")
+    assert refused.group_contains(MCPError, match="Incorrect API key provided", depth=2)
+    assert alpha.received == []
+
+
+def test_the_stateless_revision_both_ways(
+    stack: Stack, sim: SimServer, alpha: ToolServer, beta: ToolServer
+) -> None:
+    # alpha: found out by asking (it speaks 2026-07-28); beta: held to the handshake.
+    gw = gateway(stack, sim, server("alpha", alpha.url, revision="auto"), server("beta", beta.url))
+
+    async def body(client: Client) -> tuple[str, list[str], str, str]:
+        names = await tool_names(client)
+        echoed = await client.call_tool("alpha__echo", {"text": "now"})
+        shouted = await client.call_tool("beta__shout", {"text": "now"})
+        return client.protocol_version, names, text_of(echoed), text_of(shouted)
+
+    version, names, echoed, shouted = run(stack, gw, body, mode="auto")
+    assert version == "2026-07-28"
+    assert names == ["alpha__add", "alpha__echo", "beta__shout"]
+    assert (echoed, shouted) == ("now", "NOW")
+    assert gw.app.mcp.upstreams["alpha"].modern is True
+    calls = [h for h in alpha.received if h.get("mcp-method") == "tools/call"]
+    assert [h["mcp-name"] for h in calls] == ["echo"]  # the prefix is not the server's
+    assert "mcp-session-id" not in str(alpha.received)
+    assert beta.initializes == 1

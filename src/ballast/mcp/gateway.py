@@ -119,6 +119,8 @@ class McpGateway:
             else:
                 holder = self._holder(scope, key, modern)
                 result = await self.methods.answer(Call(message, key, holder, modern))
+                if modern:  # the stateless revision's results say whether they are whole
+                    result.setdefault("resultType", "complete")
             body = orjson.dumps(jsonrpc.result(id_, result))
             await self._answer(scope, send, 200, body, extra)
         except RpcError as error:
