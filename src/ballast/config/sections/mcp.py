@@ -107,8 +107,8 @@ class McpServerSettings(Section):
 
 
 class McpSettings(Section):
-    """`/mcp`: one endpoint in front of `servers`, their tools named `<server><separator>
-    <tool>`."""
+    """`/mcp`: one endpoint in front of `servers`; a tool is named
+    `<server><separator><tool>`."""
 
     servers: list[McpServerSettings] = Field(default_factory=list)
     separator: str = Field(
