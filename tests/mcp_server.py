@@ -19,13 +19,16 @@ from ballast.types import Message, Receive, Scope, Send
 class ToolServer:
     """`tools`: each an (async or plain) function, registered by its own name."""
 
-    def __init__(self, name: str, *tools: Any, json_response: bool = False) -> None:
+    def __init__(
+        self, name: str, *tools: Any, json_response: bool = False, stateless: bool = False
+    ) -> None:
         self.name = name
         self.mcp = MCPServer(name)
         for tool in tools:
             self.mcp.tool()(tool)
         self.json_response = json_response
-        self.received: list[dict[str, str]] = []  # each request's headers
+        self.stateless = stateless  # no session ids at all
+        self.received: list[dict[str, str]] = []  # each request's headers, and its ":method"
         self.initializes = 0
         self.status: int | None = None  # answer every request with this status instead
         self._manager: StreamableHTTPSessionManager | None = None
@@ -69,7 +72,9 @@ class ToolServer:
 
     async def _open_sessions(self) -> None:
         manager = StreamableHTTPSessionManager(
-            app=self.mcp._lowlevel_server, json_response=self.json_response
+            app=self.mcp._lowlevel_server,
+            json_response=self.json_response,
+            stateless=self.stateless,
         )
         ready = asyncio.Event()
         self._stop = stop = asyncio.Event()
@@ -92,7 +97,8 @@ class ToolServer:
     async def _app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        self.received.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        self.received.append({":method": scope["method"], **headers})
         if self.status is not None:
             await send({"type": "http.response.start", "status": self.status, "headers": []})
             await send({"type": "http.response.body", "body": b""})

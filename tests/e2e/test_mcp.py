@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 from ballast.sim.server import SimServer
 from tests.faultproxy import FaultProxy
 from tests.mcp_server import ToolServer
-from tests.stack import Gateway, Stack, deployment, free_port, group
+from tests.stack import Gateway, Stack, deployment, free_port, group, wait_for
 
 T = TypeVar("T")
 SECRET = "upstream-secret-for-alpha"
@@ -265,3 +265,75 @@ def test_the_stateless_revision_both_ways(
     assert [h["mcp-name"] for h in calls] == ["echo"]  # the prefix is not the server's
     assert "mcp-session-id" not in str(alpha.received)
     assert beta.initializes == 1
+
+
+def test_a_404_to_a_request_without_a_session_id_is_no_session_loss(
+    stack: Stack, sim: SimServer
+) -> None:
+    plain = stack.thread.run(ToolServer("plain", echo, stateless=True).start())
+    try:
+        gw = gateway(stack, sim, server("plain", plain.url))
+
+        async def body(client: Client) -> str:
+            await client.call_tool("plain__echo", {"text": "one"})
+            plain.status = 404  # no session id was sent: this 404 is the server's answer
+            with pytest.raises(MCPError) as failed:
+                await client.call_tool("plain__echo", {"text": "two"})
+            return str(failed.value)
+
+        assert "HTTP 404" in run(stack, gw, body)
+        assert gw.app.mcp.upstreams["plain"].heals == 0
+        assert plain.initializes == 1
+    finally:
+        stack.thread.run(plain.close())
+
+
+def test_a_failing_server_opens_its_breaker_and_then_costs_no_connection(
+    stack: Stack, sim: SimServer, alpha: ToolServer
+) -> None:
+    breaker = {"failure_threshold": 2, "open_time": 60}
+    gw = gateway(stack, sim, server("alpha", alpha.url, breaker=breaker))
+
+    async def body(client: Client) -> tuple[list[str], int]:
+        await client.call_tool("alpha__echo", {"text": "up"})
+        alpha.status = 503
+        before = len(alpha.received)
+        results = [await client.call_tool("alpha__echo", {"text": "x"}) for _ in range(3)]
+        assert all(result.is_error for result in results)
+        return [text_of(result) for result in results], len(alpha.received) - before
+
+    texts, reached = run(stack, gw, body)
+    assert "alpha: server_error" in texts[0]
+    assert "is failing; retry in" in texts[2]
+    assert reached == 2  # the third call never left Ballast
+
+
+def test_with_on_server_down_error_a_down_servers_tools_stay_and_fail_fast(
+    stack: Stack, sim: SimServer, alpha: ToolServer, beta: ToolServer
+) -> None:
+    gw = gateway(
+        stack, sim, server("alpha", alpha.url), server("beta", beta.url), on_server_down="error"
+    )
+
+    async def body(client: Client) -> tuple[list[str], list[str], Any]:
+        before = await tool_names(client)
+        beta.status = 503
+        after = await tool_names(client)
+        return before, after, await client.call_tool("beta__shout", {"text": "x"})
+
+    before, after, result = run(stack, gw, body)
+    assert before == after == ["alpha__add", "alpha__echo", "beta__shout"]
+    assert result.is_error and "beta" in text_of(result)
+
+
+def test_a_client_session_ended_ends_its_session_on_the_server(
+    stack: Stack, sim: SimServer, alpha: ToolServer
+) -> None:
+    gw = gateway(stack, sim, server("alpha", alpha.url))
+
+    async def body(client: Client) -> str:
+        return text_of(await client.call_tool("alpha__echo", {"text": "bye"}))
+
+    assert run(stack, gw, body) == "bye"  # the SDK client DELETEs its session on exit
+    wait_for(lambda: any(h[":method"] == "DELETE" for h in alpha.received))
+    assert len(gw.app.mcp.sessions) == 0
