@@ -26,6 +26,17 @@ class ToolServer:
         self.mcp = MCPServer(name)
         for tool in tools:
             self.mcp.tool()(tool)
+        # Every server has one prompt and one resource of its own, to list and to route.
+
+        def greet(who: str) -> str:
+            """Greet someone."""
+            return f"{name} greets {who}"
+
+        def note() -> str:
+            return f"a note from {name}"
+
+        self.mcp.prompt()(greet)
+        self.mcp.resource(f"note://{name}")(note)
         self.json_response = json_response
         self.stateless = stateless  # no session ids at all
         self.received: list[dict[str, str]] = []  # each request's headers, and its ":method"

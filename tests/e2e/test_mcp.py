@@ -337,3 +337,54 @@ def test_a_client_session_ended_ends_its_session_on_the_server(
     assert run(stack, gw, body) == "bye"  # the SDK client DELETEs its session on exit
     wait_for(lambda: any(h[":method"] == "DELETE" for h in alpha.received))
     assert len(gw.app.mcp.sessions) == 0
+
+
+def test_stateless_clients_share_one_server_session_and_its_one_heal(
+    stack: Stack, sim: SimServer, alpha: ToolServer
+) -> None:
+    gw = gateway(stack, sim, server("alpha", alpha.url))  # alpha held to the handshake
+
+    async def warm(client: Client) -> str:
+        return text_of(await client.call_tool("alpha__echo", {"text": "warm"}))
+
+    async def fleet(client: Client) -> list[str]:
+        await alpha.restart()
+        calls = [client.call_tool("alpha__echo", {"text": f"c{i}"}) for i in range(8)]
+        return [text_of(result) for result in await asyncio.gather(*calls)]
+
+    assert run(stack, gw, warm, mode="auto") == "warm"
+    assert run(stack, gw, warm, mode="auto") == "warm"  # another client, the same session
+    assert alpha.initializes == 1
+    assert run(stack, gw, fleet, mode="auto") == [f"c{i}" for i in range(8)]
+    assert alpha.initializes == 2
+
+
+def test_prompts_and_resources_are_merged_routed_and_held_to_the_allowlist(
+    stack: Stack, sim: SimServer, alpha: ToolServer, beta: ToolServer
+) -> None:
+    gw = gateway(stack, sim, server("alpha", alpha.url), server("beta", beta.url))
+
+    async def everything(client: Client) -> tuple[list[str], list[str], str, str]:
+        prompts = sorted(p.name for p in (await client.list_prompts()).prompts)
+        resources = sorted(str(r.uri) for r in (await client.list_resources()).resources)
+        greeting = await client.get_prompt("beta__greet", {"who": "you"})
+        read = await client.read_resource("note://alpha")
+        said = "".join(getattr(m.content, "text", "") for m in greeting.messages)
+        return prompts, resources, said, getattr(read.contents[0], "text", "")
+
+    prompts, resources, said, note = run(stack, gw, everything)
+    assert prompts == ["alpha__greet", "beta__greet"]
+    assert resources == ["note://alpha", "note://beta"]
+    assert (said, note) == ("beta greets you", "a note from alpha")
+    key, _ = stack.thread.run(gw.app.state.keys.create("agent", mcp=["alpha/echo", "beta"]))
+
+    async def limited(client: Client) -> tuple[list[str], list[str], str]:
+        prompts = sorted(p.name for p in (await client.list_prompts()).prompts)
+        resources = sorted(str(r.uri) for r in (await client.list_resources()).resources)
+        with pytest.raises(MCPError) as refused:
+            await client.get_prompt("alpha__greet", {"who": "me"})
+        return prompts, resources, str(refused.value)
+
+    prompts, resources, refused = run(stack, gw, limited, key=key)
+    assert prompts == ["beta__greet"] and resources == ["note://beta"]
+    assert "alpha__greet" in refused

@@ -57,7 +57,12 @@ class Names:
 
 
 def may_use_server(key: KeyRecord | None, server: str) -> bool:
-    """Whether anything of `server` is open to the key (the server, or one of its tools)."""
+    """Whether all of `server` (its prompts and resources too) is open to the key."""
+    return key is None or key.mcp is None or server in key.mcp
+
+
+def may_use_tools(key: KeyRecord | None, server: str) -> bool:
+    """Whether any tool of `server` is open to the key (the server, or one of its tools)."""
     if key is None or key.mcp is None:
         return True
     prefix = server + "/"
@@ -79,7 +84,8 @@ class Catalog:
     async def merged(self, holder: str, method: str, key: KeyRecord | None) -> dict[str, Any]:
         """A list method's answer: every server's items the key may see, renamed."""
         field, named = LISTS[method]
-        servers = [u for u in self.upstreams.values() if may_use_server(key, u.name)]
+        open_to = may_use_tools if method == "tools/list" else may_use_server
+        servers = [u for u in self.upstreams.values() if open_to(key, u.name)]
         parts = await asyncio.gather(*(self._part(holder, u, method, field) for u in servers))
         items: list[dict[str, Any]] = []
         for upstream, part in zip(servers, parts, strict=True):
@@ -129,7 +135,8 @@ class Catalog:
             )
             result = answer.get("result")
             if not isinstance(result, dict):
-                if answer.get("error", {}).get("code") == jsonrpc.METHOD_NOT_FOUND:
+                error = answer.get("error")
+                if isinstance(error, dict) and error.get("code") == jsonrpc.METHOD_NOT_FOUND:
                     return items  # the server offers no such list
                 raise ServerDown(upstream.name, "error", f"{method} failed")
             page = result.get(field)

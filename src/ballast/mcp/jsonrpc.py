@@ -21,6 +21,7 @@ MODERN_VERSIONS = (MODERN,)
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_CLIENT = "io.modelcontextprotocol/clientInfo"
+ENVELOPE = frozenset((META_VERSION, META_CAPABILITIES, META_CLIENT))
 
 # Which parameter a name-bearing method's `Mcp-Name` header mirrors.
 NAMED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}

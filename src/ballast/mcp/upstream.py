@@ -100,7 +100,8 @@ class McpUpstream:
         self, holder: str, method: str, params: dict[str, Any], seconds: float, tries: int = 1
     ) -> dict[str, Any]:
         """The server's JSON-RPC answer (`result` or `error`) to one request, under the
-        breaker and a deadline of `seconds` per try; ServerDown when none came."""
+        breaker and a deadline of `seconds` per try (a failure to connect or a broken answer
+        is tried again, `tries` in all; a timeout is not); ServerDown when none came."""
         down: ServerDown | None = None
         for _ in range(max(1, tries)):
             permit = self.breaker.acquire()
@@ -124,9 +125,9 @@ class McpUpstream:
                 ) from None
             except TimeoutError:
                 self.breaker.record_failure(permit)
-                down = ServerDown(
+                raise ServerDown(
                     self.name, "timeout", f"MCP server {self.name} did not answer in {seconds:g}s"
-                )
+                ) from None  # not tried again: a silent server would double the wait
             except HandleUnavailable:
                 self.breaker.record_failure(permit)
                 down = ServerDown(
@@ -187,6 +188,11 @@ class McpUpstream:
 
     async def _post(self, method: str, params: dict[str, Any], handle: Handle) -> Reply:
         id_ = next(self._ids)
+        meta = params.get("_meta")
+        if isinstance(meta, dict) and jsonrpc.META_VERSION in meta:
+            # A stateless client's envelope means nothing inside a session: left out.
+            kept = {k: v for k, v in meta.items() if k not in jsonrpc.ENVELOPE}
+            params = {**params, "_meta": kept}
         body = jsonrpc.request(id_, method, params)
         return await self.link.post(body, self._session_lines(handle.run_id), id_)
 

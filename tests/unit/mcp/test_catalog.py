@@ -3,7 +3,7 @@ with a hash that keeps it unique and routable."""
 
 from __future__ import annotations
 
-from ballast.mcp.catalog import Names, may_call, may_use_server
+from ballast.mcp.catalog import Names, may_call, may_use_server, may_use_tools
 from ballast.state.keys import KeyRecord
 
 
@@ -28,7 +28,9 @@ def test_an_allowlist_denies_what_it_does_not_name() -> None:
     key = KeyRecord(id="k", name="k", mcp=("alpha/echo", "beta"))
     assert may_call(key, "alpha", "echo") and may_call(key, "beta", "anything")
     assert not may_call(key, "alpha", "add") and not may_call(key, "gamma", "echo")
-    assert may_use_server(key, "alpha") and not may_use_server(key, "gamma")
+    # One tool of alpha opens alpha's tool list, not its prompts and resources.
+    assert may_use_tools(key, "alpha") and not may_use_server(key, "alpha")
+    assert may_use_server(key, "beta") and not may_use_tools(key, "gamma")
     nothing = KeyRecord(id="n", name="n", mcp=())
     assert not may_call(nothing, "alpha", "echo")
     everything = KeyRecord(id="e", name="e")
