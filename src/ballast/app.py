@@ -104,7 +104,8 @@ class BallastApp:
             Dispatcher(settings.jobs, self.job_store, clock) if settings.jobs.backends else None
         )
         self.jobs = JobsApi(settings.jobs, self.job_store, self.dispatcher, clock)
-        self.mcp = McpGateway(settings, clock, self.observer)  # `/mcp`, before tool servers
+        # `/mcp`, in front of the MCP tool servers; its spans go where the requests' go.
+        self.mcp = McpGateway(settings, clock, self.observer, self.router.tracer)
         # Routes of shapes other than OpenAI's: their errors before the pipeline take that form.
         self._shapes: dict[str, Shape] = {
             "/v1/messages": MESSAGES,

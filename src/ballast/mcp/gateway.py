@@ -23,6 +23,7 @@ from ballast.mcp.methods import Call, Methods
 from ballast.mcp.sessions import ClientSessions
 from ballast.mcp.upstream import GATEWAY, McpUpstream
 from ballast.observe.hub import Observer
+from ballast.observe.tracing import Tracer
 from ballast.pipeline.access import Access
 from ballast.pipeline.asgi import EVENT_STREAM, JSON, NO_CACHE, header, read_body, send_bytes
 from ballast.pipeline.errors import ApiError
@@ -39,7 +40,11 @@ _KNOWN_VERSIONS = frozenset((*jsonrpc.HANDSHAKE_VERSIONS, *jsonrpc.MODERN_VERSIO
 
 class McpGateway:
     def __init__(
-        self, settings: Settings, clock: Clock = SYSTEM_CLOCK, observer: Observer | None = None
+        self,
+        settings: Settings,
+        clock: Clock = SYSTEM_CLOCK,
+        observer: Observer | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         mcp = settings.mcp
         self.settings = mcp
@@ -65,6 +70,7 @@ class McpGateway:
             lambda: self.access,
             observer.metrics if observer is not None else None,
             clock,
+            tracer,
         )
 
     async def start(self) -> None:

@@ -14,6 +14,7 @@ from ballast.mcp.catalog import LISTS, Catalog
 from ballast.mcp.jsonrpc import Message, RpcError
 from ballast.mcp.upstream import McpUpstream, ServerDown
 from ballast.observe.metrics import Metrics
+from ballast.observe.tracing import Tracer
 from ballast.pipeline.access import MASTER, Access
 from ballast.pipeline.errors import ApiError
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
@@ -47,8 +48,10 @@ class Methods:
         access: Callable[[], Access | None],
         metrics: Metrics | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        tracer: Tracer | None = None,
     ) -> None:
         self.catalog = catalog
+        self.tracer = tracer  # a span per tool call when tracing is on
         self._access = access
         self._metrics = metrics
         self._clock = clock
@@ -93,8 +96,7 @@ class Methods:
         }
 
     async def _call_tool(self, call: Call) -> dict[str, Any]:
-        params = call.message.params
-        name = params.get("name")
+        name = call.message.params.get("name")
         if not isinstance(name, str):
             raise RpcError(jsonrpc.INVALID_PARAMS, "tools/call needs the tool's name.")
         upstream, tool = self.catalog.route(name, call.key, "tool")
@@ -107,29 +109,39 @@ class Methods:
                 self._count(upstream.name, tool, call.key, "rate_limited", None)
                 raise RpcError(RATE_LIMITED, refused.message) from None
         started = self._clock.monotonic()
-        settings = upstream.settings
-        tries = 2 if tool in settings.idempotent_tools else 1
-        seconds = settings.timeout_for(tool)
+        tracer = self.tracer
         try:
-            answer = await upstream.request(
-                call.holder, "tools/call", {**params, "name": tool}, seconds, tries
-            )
-        except ServerDown as down:
-            self._count(upstream.name, tool, call.key, down.kind, started)
-            return jsonrpc.tool_error(down.message)
+            if tracer is None:
+                answer, outcome = await self._tool_answer(call, upstream, tool)
+            else:
+                labels = {"server": upstream.name, "tool": tool, "key": key_label(call.key)}
+                with tracer.span("ballast.mcp.tool_call", **labels) as span:
+                    answer, outcome = await self._tool_answer(call, upstream, tool)
+                    span.set_attribute("ballast.outcome", outcome)
         finally:
             if access is not None:
                 access.release_call(lease)
-        result = answer.get("result")
-        outcome = (
-            "error"
-            if not isinstance(result, dict)
-            else "tool_error"
-            if result.get("isError")
-            else "ok"
-        )
         self._count(upstream.name, tool, call.key, outcome, started)
         return _result(answer, upstream)
+
+    async def _tool_answer(
+        self, call: Call, upstream: McpUpstream, tool: str
+    ) -> tuple[dict[str, Any], str]:
+        """The server's answer to the call and its outcome's label; a server that gave none
+        answers a tool error that says why."""
+        settings = upstream.settings
+        tries = 2 if tool in settings.idempotent_tools else 1
+        params = {**call.message.params, "name": tool}
+        try:
+            answer = await upstream.request(
+                call.holder, "tools/call", params, settings.timeout_for(tool), tries
+            )
+        except ServerDown as down:
+            return {"result": jsonrpc.tool_error(down.message)}, down.kind
+        result = answer.get("result")
+        if not isinstance(result, dict):
+            return answer, "error"
+        return answer, "tool_error" if result.get("isError") else "ok"
 
     async def _routed(self, call: Call, what: str, field: str) -> dict[str, Any]:
         params = call.message.params
