@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from ballast.api.routes import build_routes
 from ballast.config import ConfigError, Settings, load_settings, secret_values
 from ballast.gc_tuning import settle_after_retire
+from ballast.mcp.gateway import McpGateway
 from ballast.observe.hub import Observer
 from ballast.observe.logs import hide
 from ballast.pipeline.pipeline import Pipeline
@@ -38,6 +39,7 @@ class Gateway(Protocol):
     observer: Observer
     router: Router
     pipeline: Pipeline
+    mcp: McpGateway
     config_path: str | None
     ready: bool
     max_in_flight: int

@@ -82,6 +82,23 @@ class McpGateway:
         for upstream in self.upstreams.values():
             await upstream.close()
 
+    def snapshot(self) -> dict[str, Any]:
+        """Each server's breaker, revision, heals and sessions (the admin state, the
+        dashboard)."""
+        servers = [
+            {
+                "name": upstream.name,
+                "revision": {None: "unknown", True: jsonrpc.MODERN}.get(
+                    upstream.modern, upstream.version
+                ),
+                "breaker": upstream.breaker.snapshot(),
+                "heals": upstream.heals,
+                "sessions": len(upstream.handles),
+            }
+            for upstream in self.upstreams.values()
+        ]
+        return {"servers": servers, "client_sessions": len(self.sessions)}
+
     def _ended(self, session_id: str) -> None:
         for upstream in self.upstreams.values():
             upstream.forget(session_id)
