@@ -165,6 +165,11 @@ class Reloader:
         except BaseException:
             await router.close()
             raise
+        try:
+            gone = await app.mcp.reconfigure(settings)
+        except BaseException:
+            await router.close()
+            raise
         pipeline = Pipeline(settings, router, app.clock)
         pipeline.access = old.pipeline.access  # what start-up attached
         pipeline.cache = old.pipeline.cache
@@ -186,6 +191,8 @@ class Reloader:
         grace = old.settings.timeouts.request + 5.0
         task = self._background(old.retire(grace, app.clock))
         task.add_done_callback(lambda _: settle_after_retire())
+        if gone:
+            self._background(app.mcp.retire(gone, grace))
 
     async def close(self) -> None:
         """At shutdown: let retiring generations finish (they hold open connections)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from ballast.config import Settings
+from ballast.config import McpServerSettings, Settings
 from ballast.mcp import jsonrpc
 from ballast.mcp.catalog import Catalog
 from ballast.mcp.jsonrpc import Message, RpcError
@@ -52,17 +52,7 @@ class McpGateway:
         self.body_timeout = settings.server.body_timeout
         self.access: Access | None = None  # set at start-up, as the pipeline's
         self._observer = observer
-        keepalive = settings.upstream.keepalive_timeout
-        self.upstreams = {
-            server.name: McpUpstream(
-                server,
-                Link(server, keepalive, mcp.max_answer_bytes, clock),
-                clock,
-                self._breaker_moved,
-                self._healed,
-            )
-            for server in mcp.servers
-        }
+        self.upstreams = {server.name: self._upstream(server, settings) for server in mcp.servers}
         self.catalog = Catalog(mcp, self.upstreams)
         self.sessions = ClientSessions(mcp.session_idle, mcp.max_sessions, self._ended, clock)
         self.methods = Methods(
@@ -72,6 +62,43 @@ class McpGateway:
             clock,
             tracer,
         )
+
+    def _upstream(self, server: McpServerSettings, settings: Settings) -> McpUpstream:
+        link = Link(
+            server, settings.upstream.keepalive_timeout, settings.mcp.max_answer_bytes, self.clock
+        )
+        return McpUpstream(server, link, self.clock, self._breaker_moved, self._healed)
+
+    async def reconfigure(self, settings: Settings) -> list[McpUpstream]:
+        """A config reload: a server whose settings did not change keeps its state (its
+        sessions, breaker, the revision it speaks); a new or changed one starts afresh.
+        Returns the servers left out, for the caller to `retire` once their calls ended."""
+        mcp = settings.mcp
+        upstreams: dict[str, McpUpstream] = {}
+        alike = mcp.max_answer_bytes == self.settings.max_answer_bytes  # every server's wire
+        for server in mcp.servers:
+            old = self.upstreams.get(server.name)
+            if old is not None and old.settings == server and alike:
+                upstreams[server.name] = old
+                continue
+            upstream = self._upstream(server, settings)
+            await upstream.start()
+            upstreams[server.name] = upstream
+        gone = [u for name, u in self.upstreams.items() if upstreams.get(name) is not u]
+        # The swap: no await from here on, so no request sees half of it.
+        self.settings = mcp
+        self.upstreams = upstreams
+        self.catalog = self.methods.catalog = Catalog(mcp, upstreams)
+        self.sessions.idle, self.sessions.limit = mcp.session_idle, mcp.max_sessions
+        self.body_timeout = settings.server.body_timeout
+        return gone
+
+    async def retire(self, upstreams: list[McpUpstream], grace: float) -> None:
+        """Close servers a reload left out, after `grace` seconds for the calls under way."""
+        if upstreams:
+            await self.clock.sleep(grace)
+            for upstream in upstreams:
+                await upstream.close()
 
     async def start(self) -> None:
         for upstream in self.upstreams.values():

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from ballast.config import parse_settings
+from ballast.config import Settings, parse_settings
 from ballast.mcp.gateway import McpGateway
 
 pytestmark = pytest.mark.asyncio
@@ -18,14 +18,17 @@ pytestmark = pytest.mark.asyncio
 SERVERS = [{"name": "alpha", "url": "http://127.0.0.1:9/mcp"}]
 
 
-def make(**mcp: Any) -> McpGateway:
-    settings = parse_settings(
+def settings_of(servers: list[dict[str, Any]], **mcp: Any) -> Settings:
+    return parse_settings(
         {
             "models": [{"name": "m", "deployments": [{"id": "d", "url": "http://127.0.0.1:9"}]}],
-            "mcp": {"servers": SERVERS, **mcp},
+            "mcp": {"servers": servers, **mcp},
         }
     )
-    return McpGateway(settings)
+
+
+def make(**mcp: Any) -> McpGateway:
+    return McpGateway(settings_of(SERVERS, **mcp))
 
 
 async def call(
@@ -145,3 +148,23 @@ async def test_a_client_that_takes_only_a_stream_gets_one_event() -> None:
     status, headers, body = await call(make(), request("ping"), {"accept": "text/event-stream"})
     assert status == 200 and headers["content-type"] == "text/event-stream"
     assert body == b'event: message\ndata: {"jsonrpc":"2.0","id":1,"result":{}}\n\n'
+
+
+async def test_a_reload_keeps_an_unchanged_server_and_starts_a_changed_one_afresh() -> None:
+    gateway = make()
+    await gateway.start()
+    alpha = gateway.upstreams["alpha"]
+    beta = {"name": "beta", "url": "http://127.0.0.1:9/beta"}
+    assert await gateway.reconfigure(settings_of([*SERVERS, beta])) == []
+    assert gateway.upstreams["alpha"] is alpha and "beta" in gateway.upstreams
+    added = gateway.upstreams["beta"]
+    changed = [{**SERVERS[0], "call_timeout": 5}]
+    gone = await gateway.reconfigure(settings_of(changed))
+    assert gone == [alpha, added]
+    assert gateway.upstreams["alpha"] is not alpha
+    assert gateway.upstreams["alpha"].settings.call_timeout == 5
+    _, _, body = await call(gateway, request("tools/call", name="beta__echo"))
+    assert "Unknown tool 'beta__echo'" in body["error"]["message"]
+    await gateway.close()
+    for upstream in gone:
+        await upstream.close()
