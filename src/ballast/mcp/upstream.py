@@ -102,50 +102,48 @@ class McpUpstream:
         """The server's JSON-RPC answer (`result` or `error`) to one request, under the
         breaker and a deadline of `seconds` per try (a failure to connect or a broken answer
         is tried again, `tries` in all; a timeout is not); ServerDown when none came."""
-        down: ServerDown | None = None
         for _ in range(max(1, tries)):
-            permit = self.breaker.acquire()
-            if permit is None:
-                wait = self.breaker.retry_after()
-                raise ServerDown(
-                    self.name,
-                    "breaker_open",
-                    f"MCP server {self.name} is failing; retry in {math.ceil(wait)}s",
-                )
-            try:
-                with Deadline(self.clock, self.clock.monotonic() + seconds):
-                    answer = await self._exchange(holder, method, params)
-            except asyncio.CancelledError:
-                self.breaker.release(permit)
-                raise
-            except _SessionLost:
-                self.breaker.release(permit)
-                raise ServerDown(
-                    self.name, "session_lost", f"MCP server {self.name} lost the session twice"
-                ) from None
-            except TimeoutError:
+            outcome = await self._try(holder, method, params, seconds)
+            if isinstance(outcome, dict):
+                return outcome
+        # Raised here, never kept in a variable first: an error held by a frame its own
+        # traceback holds is a reference cycle.
+        raise ServerDown(self.name, *outcome)
+
+    async def _try(
+        self, holder: str, method: str, params: dict[str, Any], seconds: float
+    ) -> dict[str, Any] | tuple[str, str]:
+        """One try: the answer, or (kind, message) of a failure worth another try."""
+        permit = self.breaker.acquire()
+        if permit is None:
+            wait = math.ceil(self.breaker.retry_after())
+            message = f"MCP server {self.name} is failing; retry in {wait}s"
+            raise ServerDown(self.name, "breaker_open", message)
+        try:
+            with Deadline(self.clock, self.clock.monotonic() + seconds):
+                answer = await self._exchange(holder, method, params)
+        except asyncio.CancelledError:
+            self.breaker.release(permit)
+            raise
+        except _SessionLost:
+            self.breaker.release(permit)
+            message = f"MCP server {self.name} lost the session twice"
+            raise ServerDown(self.name, "session_lost", message) from None
+        except TimeoutError:
+            self.breaker.record_failure(permit)
+            message = f"MCP server {self.name} did not answer in {seconds:g}s"
+            raise ServerDown(self.name, "timeout", message) from None  # no second wait
+        except HandleUnavailable:
+            self.breaker.record_failure(permit)
+            return "unavailable", f"MCP server {self.name} cannot start a session"
+        except Failure as failure:
+            if failure.kind.health_failure:
                 self.breaker.record_failure(permit)
-                raise ServerDown(
-                    self.name, "timeout", f"MCP server {self.name} did not answer in {seconds:g}s"
-                ) from None  # not tried again: a silent server would double the wait
-            except HandleUnavailable:
-                self.breaker.record_failure(permit)
-                down = ServerDown(
-                    self.name, "unavailable", f"MCP server {self.name} cannot start a session"
-                )
-            except Failure as failure:
-                if failure.kind.health_failure:
-                    self.breaker.record_failure(permit)
-                else:
-                    self.breaker.release(permit)
-                down = ServerDown(
-                    self.name, failure.kind.label, f"MCP server {self.name}: {failure.kind.label}"
-                )
             else:
-                self.breaker.record_success(permit)
-                return answer
-        assert down is not None
-        raise down
+                self.breaker.release(permit)
+            return failure.kind.label, f"MCP server {self.name}: {failure.kind.label}"
+        self.breaker.record_success(permit)
+        return answer
 
     async def _exchange(self, holder: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
         if self.modern is None:
