@@ -157,7 +157,7 @@ class BallastApp:
                 await generation.get[MODELS_PREFIX](scope, receive, send)
                 return
         if path == MCP_PATH:
-            await self.mcp(scope, receive, send)
+            await self._mcp(scope, receive, send)
             return
         if path.startswith("/admin/"):
             await self.admin.handle(scope, receive, send)
@@ -166,6 +166,18 @@ class BallastApp:
             await self.jobs.handle(scope, receive, send)
             return
         await self._not_found(scope, send, path)
+
+    async def _mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`/mcp`, held to the same bound of requests at once as the other routes."""
+        if self.in_flight >= self.max_in_flight:
+            self.shed += 1
+            await self.mcp.overloaded(send)
+            return
+        self.in_flight += 1
+        try:
+            await self.mcp(scope, receive, send)
+        finally:
+            self.in_flight -= 1
 
     async def _overloaded(self, path: str, send: Send) -> None:
         shape = self._shapes.get(path)

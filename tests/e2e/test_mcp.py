@@ -388,3 +388,25 @@ def test_prompts_and_resources_are_merged_routed_and_held_to_the_allowlist(
     prompts, resources, refused = run(stack, gw, limited, key=key)
     assert prompts == ["beta__greet"] and resources == ["note://beta"]
     assert "alpha__greet" in refused
+
+
+def test_an_answer_past_the_bound_is_a_tool_error_not_a_gateway_out_of_memory(
+    stack: Stack, sim: SimServer
+) -> None:
+    def big(size: int) -> str:
+        """A long text."""
+        return "x" * size
+
+    huge = stack.thread.run(ToolServer("huge", big).start())
+    try:
+        gw = gateway(stack, sim, server("huge", huge.url), max_answer_bytes=65536)
+
+        async def body(client: Client) -> tuple[Any, Any]:
+            small = await client.call_tool("huge__big", {"size": 1000})
+            return small, await client.call_tool("huge__big", {"size": 300_000})
+
+        small, large = run(stack, gw, body)
+    finally:
+        stack.thread.run(huge.close())
+    assert not small.is_error and len(text_of(small)) == 1000
+    assert large.is_error and "bad_response" in text_of(large)

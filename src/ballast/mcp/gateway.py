@@ -151,6 +151,11 @@ class McpGateway:
             body = orjson.dumps(refusal.body(None))
             await _send(send, 405, body, [(b"allow", b"POST, DELETE")])
 
+    async def overloaded(self, send: Send) -> None:
+        """Ballast is at its bound of requests at once: come back shortly."""
+        busy = RpcError(jsonrpc.SERVER_BUSY, "Ballast is at capacity right now; retry shortly.")
+        await _send(send, 503, orjson.dumps(busy.body(None)), [(b"retry-after", b"1")])
+
     async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
         id_: jsonrpc.Id = None
         extra: list[tuple[bytes, bytes]] = []

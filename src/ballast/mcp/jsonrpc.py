@@ -31,6 +31,7 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+SERVER_BUSY = -32000  # Ballast's: at its bound of requests at once
 UNAUTHORIZED = -32001  # Ballast's: the key was refused, or may not use what it named
 HEADER_MISMATCH = -32020
 UNSUPPORTED_VERSION = -32022

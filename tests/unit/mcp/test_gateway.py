@@ -5,6 +5,7 @@ agree with the body. No server is needed for any of it."""
 from __future__ import annotations
 
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -12,6 +13,8 @@ import pytest
 
 from ballast.config import Settings, parse_settings
 from ballast.mcp.gateway import McpGateway
+from ballast.resilience.clock import ManualClock
+from tests.unit.drive import Client, settings_tree, started
 
 pytestmark = pytest.mark.asyncio
 
@@ -168,3 +171,22 @@ async def test_a_reload_keeps_an_unchanged_server_and_starts_a_changed_one_afres
     await gateway.close()
     for upstream in gone:
         await upstream.close()
+
+
+async def test_mcp_is_held_to_the_apps_bound_of_requests_at_once(tmp_path: Path) -> None:
+    tree = settings_tree(tmp_path, "http://127.0.0.1:9/v1", max_in_flight=1)
+    tree["mcp"] = {"servers": SERVERS}
+    app = await started(tree, ManualClock())
+    try:
+        app.in_flight = 1  # one request running already
+        busy = Client(app, "POST", "/mcp", [orjson.dumps(request("ping"))])
+        await busy.done()
+        start, answer = busy.sent
+        assert start["status"] == 503 and (b"retry-after", b"1") in start["headers"]
+        assert orjson.loads(answer["body"])["error"]["code"] == -32000
+        app.in_flight = 0
+        served = Client(app, "POST", "/mcp", [orjson.dumps(request("ping"))])
+        await served.done()
+        assert served.sent[0]["status"] == 200 and app.in_flight == 0
+    finally:
+        await app.shutdown()
