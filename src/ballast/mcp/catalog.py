@@ -74,6 +74,8 @@ def may_call(key: KeyRecord | None, server: str, tool: str) -> bool:
 
 
 class Catalog:
+    """The servers' lists as one, and the way back from a public name to its server."""
+
     def __init__(self, settings: McpSettings, upstreams: dict[str, McpUpstream]) -> None:
         self.upstreams = upstreams
         self.names = Names(settings.separator, settings.max_name_length)

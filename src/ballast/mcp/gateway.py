@@ -39,6 +39,8 @@ _KNOWN_VERSIONS = frozenset((*jsonrpc.HANDSHAKE_VERSIONS, *jsonrpc.MODERN_VERSIO
 
 
 class McpGateway:
+    """`/mcp` and what it holds: the servers, their catalog, the client sessions."""
+
     def __init__(
         self,
         settings: Settings,

@@ -18,7 +18,7 @@ from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.failures import Failure
 from ballast.upstream import http1
 from ballast.upstream.client import USER_AGENT
-from ballast.upstream.http1 import Pool, Response, header_lines, split_url
+from ballast.upstream.http1 import Pool, Response, default_tls_context, header_lines, split_url
 from ballast.upstream.sse import EventTooLarge, SseSplitter, event_data
 
 
@@ -67,6 +67,8 @@ class Link:
             pool_timeout=self._settings.connect_timeout,
             clock=self._clock,
         )
+        if self._origin.tls:
+            default_tls_context()  # load the trust store now, not on a request
 
     async def close(self) -> None:
         if self._pool is not None:

@@ -42,6 +42,8 @@ def key_label(key: KeyRecord | None) -> str:
 
 
 class Methods:
+    """The answer to each method a client may send, once its key and session are known."""
+
     def __init__(
         self,
         catalog: Catalog,
