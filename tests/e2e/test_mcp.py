@@ -410,3 +410,30 @@ def test_an_answer_past_the_bound_is_a_tool_error_not_a_gateway_out_of_memory(
         stack.thread.run(huge.close())
     assert not small.is_error and len(text_of(small)) == 1000
     assert large.is_error and "bad_response" in text_of(large)
+
+
+def test_call_metrics_label_only_listed_tools_and_keys_as_the_requests_do(
+    stack: Stack, sim: SimServer, alpha: ToolServer
+) -> None:
+    gw = stack.gateway(
+        {
+            "state": {"database_url": "sqlite:///:memory:"},
+            "observe": {"per_key_metrics": False},
+            "models": [group("m", deployment("d1", sim))],
+            "mcp": {"servers": [server("alpha", alpha.url)]},
+        }
+    )
+
+    async def body(client: Client) -> None:
+        await tool_names(client)
+        await client.call_tool("alpha__echo", {"text": "x"})
+        try:
+            await client.call_tool("alpha__made_up_by_a_client", {})
+        except MCPError:
+            pass  # refused one way or another: only its label matters here
+
+    run(stack, gw, body)
+    metrics = gw.app.observer.metrics.render().decode()
+    assert 'key="all",outcome="ok",server="alpha",tool="echo"} 1.0' in metrics
+    assert 'server="alpha",tool="other"} 1.0' in metrics
+    assert "made_up" not in metrics

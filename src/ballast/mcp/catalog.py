@@ -82,6 +82,7 @@ class Catalog:
         self.keep_down = settings.on_server_down == "error"
         self._known: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._resources: dict[str, str] = {}  # resource URI -> its server
+        self._tools: dict[str, frozenset[str]] = {}  # each server's tools, as last listed
 
     async def merged(self, holder: str, method: str, key: KeyRecord | None) -> dict[str, Any]:
         """A list method's answer: every server's items the key may see, renamed."""
@@ -123,6 +124,10 @@ class Catalog:
             log.warning("MCP server %s left out of %s: %s", upstream.name, method, down.kind)
             return self._known.get(known, []) if self.keep_down else []
         self._known[known] = items
+        if method == "tools/list":
+            self._tools[upstream.name] = frozenset(
+                name for item in items if isinstance(name := item.get("name"), str)
+            )
         return items
 
     async def _pages(
@@ -170,6 +175,6 @@ class Catalog:
             raise RpcError(jsonrpc.INVALID_PARAMS, f"Unknown resource '{uri[:200]}'.")
         return upstream
 
-    def known_tools(self, server: str) -> bool:
-        """Whether `server`'s tools were ever listed (a call to one may fail fast)."""
-        return bool(self._known.get((server, "tools/list")))
+    def tool_label(self, server: str, tool: str) -> str:
+        """`tool` as a metric label: its name when the server listed it, else `other`."""
+        return tool if tool in self._tools.get(server, ()) else "other"

@@ -53,6 +53,7 @@ class McpGateway:
         self.clock = clock
         self.body_timeout = settings.server.body_timeout
         self.access: Access | None = None  # set at start-up, as the pipeline's
+        self._observe = settings.observe
         self._observer = observer
         self.upstreams = {server.name: self._upstream(server, settings) for server in mcp.servers}
         self.catalog = Catalog(mcp, self.upstreams)
@@ -63,6 +64,7 @@ class McpGateway:
             observer.metrics if observer is not None else None,
             clock,
             tracer,
+            self._key_series if observer is not None else None,
         )
 
     def _upstream(self, server: McpServerSettings, settings: Settings) -> McpUpstream:
@@ -93,6 +95,7 @@ class McpGateway:
         self.catalog = self.methods.catalog = Catalog(mcp, upstreams)
         self.sessions.idle, self.sessions.limit = mcp.session_idle, mcp.max_sessions
         self.body_timeout = settings.server.body_timeout
+        self._observe = settings.observe
         return gone
 
     async def retire(self, upstreams: list[McpUpstream], grace: float) -> None:
@@ -131,6 +134,10 @@ class McpGateway:
     def _ended(self, session_id: str) -> None:
         for upstream in self.upstreams.values():
             upstream.forget(session_id)
+
+    def _key_series(self, key_id: str) -> str:
+        assert self._observer is not None
+        return self._observer.key_label(key_id, self._observe)
 
     def _breaker_moved(self, name: str, old: BreakerState, new: BreakerState) -> None:
         if self._observer is not None:

@@ -51,8 +51,11 @@ class Methods:
         metrics: Metrics | None = None,
         clock: Clock = SYSTEM_CLOCK,
         tracer: Tracer | None = None,
+        key_series: Callable[[str], str] | None = None,
     ) -> None:
         self.catalog = catalog
+        # A key's label in the metrics, as the requests' (`observe.per_key_metrics`, ...).
+        self._key_series = key_series
         self.tracer = tracer  # a span per tool call when tracing is on
         self._access = access
         self._metrics = metrics
@@ -187,7 +190,11 @@ class Methods:
         )
         metrics = self._metrics
         if metrics is not None:
-            metrics.mcp_calls.labels(server, tool, key_label(key), outcome).inc()
+            series = self._key_series
+            label = key_label(key) if series is None else series(key_label(key))
+            # A tool a client made up is `other`: labels take only what a server listed.
+            tool = self.catalog.tool_label(server, tool)
+            metrics.mcp_calls.labels(server, tool, label, outcome).inc()
             if started is not None:
                 metrics.mcp_latency.labels(server).observe(elapsed)
 
