@@ -164,7 +164,8 @@ class Catalog:
         server, name = found
         allowed = may_call(key, server, name) if what == "tool" else may_use_server(key, server)
         if not allowed:
-            raise RpcError(jsonrpc.UNAUTHORIZED, f"This key may not use the {what} '{public}'.")
+            shown = public[:200]
+            raise RpcError(jsonrpc.UNAUTHORIZED, f"This key may not use the {what} '{shown}'.")
         return upstream, name
 
     def resource(self, uri: str, key: KeyRecord | None) -> McpUpstream:

@@ -183,7 +183,7 @@ class Methods:
         log.info(
             "mcp tools/call server=%s tool=%s key=%s outcome=%s ms=%.1f",
             server,
-            tool,
+            tool[:100],
             key_label(key),
             outcome,
             elapsed * 1000,
