@@ -28,6 +28,7 @@ from ballast.config import Settings, secret_values
 from ballast.gc_tuning import settle_after_startup
 from ballast.jobs.dispatcher import Dispatcher
 from ballast.jobs.store import JobStore
+from ballast.mcp.gateway import MCP_PATH, McpGateway
 from ballast.observe.hub import Observer
 from ballast.observe.logs import hide
 from ballast.pipeline.access import Access
@@ -103,6 +104,8 @@ class BallastApp:
             Dispatcher(settings.jobs, self.job_store, clock) if settings.jobs.backends else None
         )
         self.jobs = JobsApi(settings.jobs, self.job_store, self.dispatcher, clock)
+        # `/mcp`, in front of the MCP tool servers; its spans go where the requests' go.
+        self.mcp = McpGateway(settings, clock, self.observer, self.router.tracer)
         # Routes of shapes other than OpenAI's: their errors before the pipeline take that form.
         self._shapes: dict[str, Shape] = {
             "/v1/messages": MESSAGES,
@@ -153,6 +156,9 @@ class BallastApp:
             if path.startswith(MODELS_PREFIX):
                 await generation.get[MODELS_PREFIX](scope, receive, send)
                 return
+        if path == MCP_PATH:
+            await self._mcp(scope, receive, send)
+            return
         if path.startswith("/admin/"):
             await self.admin.handle(scope, receive, send)
             return
@@ -160,6 +166,18 @@ class BallastApp:
             await self.jobs.handle(scope, receive, send)
             return
         await self._not_found(scope, send, path)
+
+    async def _mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`/mcp`, held to the same bound of requests at once as the other routes."""
+        if self.in_flight >= self.max_in_flight:
+            self.shed += 1
+            await self.mcp.overloaded(send)
+            return
+        self.in_flight += 1
+        try:
+            await self.mcp(scope, receive, send)
+        finally:
+            self.in_flight -= 1
 
     async def _overloaded(self, path: str, send: Send) -> None:
         shape = self._shapes.get(path)
@@ -207,6 +225,8 @@ class BallastApp:
         self.observer.budget_left = access.budget_left
         self.observer.cost_of_answer = access.pricing.cost
         self.jobs.access = access
+        self.mcp.access = access
+        await self.mcp.start()
         if self.dispatcher is not None:
             self.dispatcher.start()
         self.pipeline.cache = build_cache(self.settings, self.state.store, self.clock)
@@ -223,6 +243,7 @@ class BallastApp:
         await self.reloader.close()
         await self.fleet.close()
         await self.router.close()
+        await self.mcp.close()
         if self.dispatcher is not None:
             await self.dispatcher.close()  # in-flight results written, leases handed back
         await self.state.close()

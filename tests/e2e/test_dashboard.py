@@ -166,3 +166,59 @@ def test_dashboard_shows_spend_per_key_and_model_and_failures_with_their_cause(
         finally:
             browser.close()
     assert problems == []
+
+
+def test_dashboard_shows_each_mcp_server_its_breaker_and_its_heals(stack: Stack) -> None:
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from playwright.sync_api import sync_playwright
+
+    from tests.mcp_server import ToolServer
+
+    def echo(text: str) -> str:
+        """Say it back."""
+        return text
+
+    tools = stack.thread.run(ToolServer("alpha", echo).start())
+    server = {"name": "alpha", "url": tools.url, "revision": "2025-11-25"}
+    gateway = stack.gateway(
+        {
+            "server": {"master_key": MASTER, "dashboard_token": TOKEN},
+            "models": [group("chat", deployment("a", stack.sim("ok")))],
+            "mcp": {"servers": [server]},
+        }
+    )
+
+    async def across_a_restart() -> None:
+        headers = {"authorization": f"Bearer {MASTER}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=20) as http:
+            transport = streamable_http_client(gateway.url + "/mcp", http_client=http)
+            async with Client(transport, mode="legacy") as client:
+                await client.call_tool("alpha__echo", {"text": "one"})
+                await tools.restart()
+                await client.call_tool("alpha__echo", {"text": "two"})
+
+    problems: list[str] = []
+    try:
+        stack.thread.run(across_a_restart())
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 720})
+                page.on(
+                    "console",
+                    lambda m: problems.append(m.text) if m.type == "error" else None,
+                )
+                page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+                page.goto(f"{gateway.url}/dashboard?token={TOKEN}")
+                row = '[data-mcp-server="alpha"]'
+                page.wait_for_selector(f'{row} [data-breaker="closed"]', timeout=10_000)
+                page.wait_for_selector(f'{row} [data-heals="1"]', timeout=5_000)
+                page.wait_for_selector('#events [data-event="heal"]', timeout=5_000)
+                assert "mcp:alpha: lost a session" in page.inner_text("#events")
+            finally:
+                browser.close()
+    finally:
+        stack.thread.run(tools.close())
+    assert problems == []

@@ -65,3 +65,38 @@ def test_no_spans_unless_configured(stack: Stack, spans: object) -> None:
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-client", max_retries=0)
     assert client.chat.completions.create(model="m", messages=MESSAGES)
     assert spans.get_finished_spans() == ()  # type: ignore[attr-defined]
+
+
+def test_a_span_per_mcp_tool_call(stack: Stack, spans: object) -> None:
+    from mcp import Client
+
+    from tests.mcp_server import ToolServer
+
+    def echo(text: str) -> str:
+        """Say it back."""
+        return text
+
+    tools = stack.thread.run(ToolServer("alpha", echo).start())
+    gw = stack.gateway(
+        {
+            "observe": {"tracing": True},
+            "models": [group("m", deployment("a", stack.sim("ok")))],
+            "mcp": {"servers": [{"name": "alpha", "url": tools.url, "revision": "2025-11-25"}]},
+        }
+    )
+    spans.clear()  # type: ignore[attr-defined]
+
+    async def call() -> None:
+        async with Client(gw.url + "/mcp", mode="legacy") as client:
+            await client.call_tool("alpha__echo", {"text": "hi"})
+
+    try:
+        stack.thread.run(call())
+    finally:
+        stack.thread.run(tools.close())
+    finished = spans.get_finished_spans()  # type: ignore[attr-defined]
+    calls = [s for s in finished if s.name == "ballast.mcp.tool_call"]
+    assert len(calls) == 1
+    assert calls[0].attributes["ballast.server"] == "alpha"
+    assert calls[0].attributes["ballast.tool"] == "echo"
+    assert calls[0].attributes["ballast.outcome"] == "ok"

@@ -116,3 +116,20 @@ def test_check_config_refuses_a_short_master_key(tmp_path: Path) -> None:
     tree["server"] = {"master_key": ""}  # `${VAR:-}` with VAR unset: no master key
     config.write_text(yaml.safe_dump(tree))
     _run("check-config", str(config))
+
+
+def test_a_keys_mcp_allowlist_from_the_command_line(tmp_path: Path) -> None:
+    config = tmp_path / "ballast.yaml"
+    state = {"database_url": f"sqlite:///{tmp_path / 'b.db'}"}
+    models = [{"name": "chat", "deployments": [{"id": "a", "url": "http://x"}]}]
+    config.write_text(yaml.safe_dump({"state": state, "models": models}))
+    conf = str(config)
+    made = _run("keys", "create", "-c", conf, "--name", "agent", "--mcp", "alpha/echo, beta")
+    key_id = re.search(r"id:\s+(\S+)", made).group(1)  # type: ignore[union-attr]
+    with sqlite3.connect(tmp_path / "b.db") as db:
+        stored = db.execute("SELECT mcp FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+    assert stored == ('["alpha/echo","beta"]',)
+    _run("keys", "update", "-c", conf, key_id, "--mcp", "gamma")
+    with sqlite3.connect(tmp_path / "b.db") as db:
+        stored = db.execute("SELECT mcp FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+    assert stored == ('["gamma"]',)

@@ -13,7 +13,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "src" / "ballast"
 
 # Bottom to top. A package may import the ones before it in this list, never those after.
-LAYERS = ("resilience", "upstream", "stream", "providers", "state", "routing", "pipeline", "api")
+LAYERS = (
+    "resilience",
+    "upstream",
+    "stream",
+    "providers",
+    "state",
+    "routing",
+    "pipeline",
+    "mcp",
+    "api",
+)
 
 
 def _module(path: Path) -> str:

@@ -245,6 +245,7 @@ class Admin:
             "redis": self._backend("redis"),
             "database": self._backend("database"),
             "jobs": {"status": "no jobs backend configured"},
+            "mcp": app.mcp.snapshot(),
             "last_event": last,
             "usage": self.usage(),
             "failures": list(reversed(app.observer.failures))[:20],

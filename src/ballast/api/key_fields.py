@@ -48,6 +48,17 @@ def _models(value: Any) -> list[str]:
     return [text_field(m, "models") for m in value]
 
 
+def _mcp(value: Any) -> list[str]:
+    """`<server>` or `<server>/<tool>` entries: the MCP servers and tools a key may call."""
+    if not isinstance(value, list) or len(value) > MAX_MODELS:
+        raise bad_request(
+            f"'mcp' must be a list of at most {MAX_MODELS} entries ('<server>' or"
+            " '<server>/<tool>').",
+            "mcp",
+        )
+    return [text_field(m, "mcp") for m in value]
+
+
 def _model_budgets(value: Any) -> dict[str, float]:
     field = "model_budgets"
     if not isinstance(value, dict) or len(value) > MAX_MODELS:
@@ -70,6 +81,7 @@ _CHECKS: dict[str, Any] = {
     "budget_period": _period,
     "team_id": lambda v: text_field(v, "team_id", 40),
     "model_budgets": _model_budgets,
+    "mcp": _mcp,
 }
 _CLEARABLE = set(_CHECKS) - {"name", "budget_period"}  # None clears these in an update
 TEAM_FIELDS = ("name", "rpm", "tpm", "max_parallel", "budget", "budget_period")

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from ballast.api.routes import build_routes
 from ballast.config import ConfigError, Settings, load_settings, secret_values
 from ballast.gc_tuning import settle_after_retire
+from ballast.mcp.gateway import McpGateway
 from ballast.observe.hub import Observer
 from ballast.observe.logs import hide, log_event
 from ballast.pipeline.pipeline import Pipeline
@@ -38,6 +39,7 @@ class Gateway(Protocol):
     observer: Observer
     router: Router
     pipeline: Pipeline
+    mcp: McpGateway
     config_path: str | None
     ready: bool
     max_in_flight: int
@@ -163,6 +165,11 @@ class Reloader:
         except BaseException:
             await router.close()
             raise
+        try:
+            gone = await app.mcp.reconfigure(settings)
+        except BaseException:
+            await router.close()
+            raise
         pipeline = Pipeline(settings, router, app.clock)
         pipeline.access = old.pipeline.access  # what start-up attached
         pipeline.cache = old.pipeline.cache
@@ -184,6 +191,8 @@ class Reloader:
         grace = old.settings.timeouts.request + 5.0
         task = self._background(old.retire(grace, app.clock))
         task.add_done_callback(lambda _: settle_after_retire())
+        if gone:
+            self._background(app.mcp.retire(gone, grace))
 
     async def close(self) -> None:
         """At shutdown: let retiring generations finish (they hold open connections)."""

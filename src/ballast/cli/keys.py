@@ -82,6 +82,9 @@ def keys_create(
     expires_in_days: Annotated[float | None, typer.Option(help="expiry from now")] = None,
     max_jobs: Annotated[int | None, typer.Option(help="concurrent GPU jobs")] = None,
     team: Annotated[str | None, typer.Option(help="the id of the team it belongs to")] = None,
+    mcp: Annotated[
+        str | None, typer.Option(help="comma-separated MCP servers or server/tool entries")
+    ] = None,
 ) -> None:
     """Create a key; it is printed once and stored only as a hash."""
     from ballast.api.key_fields import key_options
@@ -89,7 +92,7 @@ def keys_create(
 
     data = {
         "name": name,
-        "models": [m.strip() for m in models.split(",") if m.strip()] if models else None,
+        "models": _listed(models),
         "rpm": rpm,
         "tpm": tpm,
         "max_parallel": max_parallel,
@@ -98,6 +101,7 @@ def keys_create(
         "expires_at": SYSTEM_CLOCK.time() + expires_in_days * 86400 if expires_in_days else None,
         "max_concurrent_jobs": max_jobs,
         "team_id": team,
+        "mcp": _listed(mcp),
     }
     settings = load_or_exit(config)
     try:
@@ -147,11 +151,17 @@ def keys_list(config: ConfigOption) -> None:
         )
 
 
+def _listed(text: str | None) -> list[str] | None:
+    """A comma-separated option as a list; None when not given."""
+    return [m.strip() for m in text.split(",") if m.strip()] if text else None
+
+
 def _key_data(**given: Any) -> dict[str, Any]:
     """The options given on the command line, as the admin API takes them."""
     data = {k: v for k, v in given.items() if v is not None}
-    if "models" in data:
-        data["models"] = [m.strip() for m in data["models"].split(",") if m.strip()]
+    for field in ("models", "mcp"):
+        if field in data:
+            data[field] = _listed(data[field])
     return data
 
 
@@ -177,6 +187,9 @@ def keys_update(
     budget_period: Annotated[str | None, typer.Option(help="day, month or total")] = None,
     expires_in_days: Annotated[float | None, typer.Option(help="expiry from now")] = None,
     team: Annotated[str | None, typer.Option(help="the team's id")] = None,
+    mcp: Annotated[
+        str | None, typer.Option(help="comma-separated MCP servers or server/tool entries")
+    ] = None,
     clear: Annotated[
         str | None, typer.Option(help="comma-separated fields to clear, e.g. rpm,budget")
     ] = None,
@@ -193,6 +206,7 @@ def keys_update(
         budget_period=budget_period,
         expires_at=SYSTEM_CLOCK.time() + expires_in_days * 86400 if expires_in_days else None,
         team_id=team,
+        mcp=mcp,
     )
     for field in (clear or "").split(","):
         if field.strip():

@@ -18,6 +18,7 @@ from ballast.config.sections.budgets import BudgetSettings, ModelPrice
 from ballast.config.sections.cache import CacheSettings
 from ballast.config.sections.fleet import FleetSettings
 from ballast.config.sections.jobs import JobBackendSettings, JobBreakerSettings, JobsSettings
+from ballast.config.sections.mcp import McpServerSettings, McpSettings
 from ballast.config.sections.models import ModelGroup
 from ballast.config.sections.observe import ObserveSettings
 from ballast.config.sections.routing import DeploymentBreakerSettings, RoutingSettings
@@ -47,6 +48,8 @@ __all__ = [
     "JobBackendSettings",
     "JobBreakerSettings",
     "JobsSettings",
+    "McpServerSettings",
+    "McpSettings",
     "ModelGroup",
     "ModelPrice",
     "ObserveSettings",

@@ -94,9 +94,10 @@ def _collect(value: Any, name: str, found: set[str]) -> None:
             _collect(getattr(value, field), field, found)
     elif isinstance(value, dict):
         for key, item in value.items():
-            if name == "headers" and isinstance(item, str):
-                found.add(item)
-                scheme, _, token = item.partition(" ")
+            if name == "headers" and isinstance(item, str | SecretStr):
+                text = item.get_secret_value() if isinstance(item, SecretStr) else item
+                found.add(text)
+                scheme, _, token = text.partition(" ")
                 if token and scheme.lower() in ("bearer", "basic", "token"):
                     found.add(token.strip())
             else:

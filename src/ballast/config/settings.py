@@ -9,6 +9,7 @@ from ballast.config.deployment import Deployment
 from ballast.config.sections.budgets import BudgetSettings, ModelPrice
 from ballast.config.sections.fleet import FleetSettings
 from ballast.config.sections.jobs import JobsSettings
+from ballast.config.sections.mcp import McpSettings
 from ballast.config.sections.models import ModelGroup, serves
 from ballast.config.sections.observe import ObserveSettings
 from ballast.config.sections.routing import RoutingSettings
@@ -27,6 +28,7 @@ class Settings(Section):
     observe: ObserveSettings = ObserveSettings()
     fleet: FleetSettings = FleetSettings()
     jobs: JobsSettings = JobsSettings()
+    mcp: McpSettings = McpSettings()
     budgets: BudgetSettings = BudgetSettings()
     prices: dict[str, ModelPrice] = Field(
         default_factory=dict, description="per model name as upstreams report it"

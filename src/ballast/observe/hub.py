@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from ballast.config import ObserveSettings
 from ballast.observe.answer import Answer, CostOf, answer_fields, key_fields
 from ballast.observe.logs import access_logged, log_event, log_request
 from ballast.observe.metrics import Metrics
@@ -248,7 +249,9 @@ class Observer:
         lookup = request.lookup
         if lookup is not None:
             stats.record_cache(model, lookup.status.decode("latin-1"))
-        key_label = self._key_label(answer.key_id, router)
+        key_label = self.key_label(
+            answer.key_id, router.settings.observe if router is not None else None
+        )
         if answer.reported:
             stats.record_usage(
                 (model, deployment, answer.provider, answer.shape, key_label),
@@ -265,10 +268,9 @@ class Observer:
                 stats.record_budget(key_label, left)
         return answer
 
-    def _key_label(self, key_id: str, router: Any) -> str:
+    def key_label(self, key_id: str, settings: ObserveSettings | None) -> str:
         """The key id as a label: every key while `observe.per_key_metrics` is on and fewer
         than `observe.max_key_series` were seen, then `other`; `all` when it is off."""
-        settings = router.settings.observe if router is not None else None
         if settings is None or not settings.per_key_metrics:
             return ALL_KEYS
         labels = self._key_labels

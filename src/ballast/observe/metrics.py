@@ -19,6 +19,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    Histogram,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -123,6 +124,19 @@ class Metrics:
             ("deployment",),
             registry=reg,
             multiprocess_mode="max",
+        )
+        self.mcp_calls = Counter(
+            "ballast_mcp_tool_calls",
+            "MCP tool calls by server, tool, key and outcome (ok, tool_error, error, timeout,"
+            " breaker_open, ...).",
+            ("server", "tool", "key", "outcome"),
+            registry=reg,
+        )
+        self.mcp_latency = Histogram(
+            "ballast_mcp_tool_call_seconds",
+            "MCP tool calls, received to answered.",
+            ("server",),
+            registry=reg,
         )
         self.reloads = Counter(
             "ballast_config_reloads", "Config reloads by result.", ("result",), registry=reg

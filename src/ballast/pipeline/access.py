@@ -314,6 +314,17 @@ class Access:
             lease = await self._limit(Limits(key.id, key.rpm, key.tpm, key.max_parallel), 0, "key")
             self.limiter.release_soon(lease, 0)
 
+    async def limit_call(self, key: KeyRecord) -> Lease | None:
+        """A key's request and parallel limits, for a call that spends no tokens (an MCP
+        tool call); the lease goes back through `release_call`. 429 past a limit."""
+        if key.rpm is None and key.max_parallel is None:
+            return None
+        return await self._limit(Limits(key.id, key.rpm, None, key.max_parallel), 0, "key")
+
+    def release_call(self, lease: Lease | None) -> None:
+        if lease is not None:
+            self.limiter.release_soon(lease, 0)
+
     def budget_left(self, key: KeyRecord) -> float | None:
         """Dollars left in the key's period as far as known without a query (the metrics'
         budget gauge), or None."""

@@ -83,7 +83,9 @@ class HandleCache:
         self._backoff = Backoff(failure_backoff, max_failure_backoff, jitter=0.0)
         self._handles: dict[Key, Handle] = {}
         self._sessions: dict[Key, str] = {}
-        self._flights: dict[Key, asyncio.Future[Handle]] = {}
+        # A flight ends in the handle, or in the backoff before the next try: never in an
+        # error, which raised to each waiter would hold their frames, which hold the flight.
+        self._flights: dict[Key, asyncio.Future[Handle | float]] = {}
         self._failures: dict[Key, tuple[int, float]] = {}  # (count, next allowed monotonic)
         self._background: set[asyncio.Task[None]] = set()
         self._lifetimes: dict[str, float] = {}  # run id -> token life when it was issued
@@ -137,9 +139,14 @@ class HandleCache:
             task = asyncio.get_running_loop().create_task(self._make(key, stale, flight))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-        return await asyncio.shield(flight)
+        made = await asyncio.shield(flight)
+        if isinstance(made, Handle):
+            return made
+        raise HandleUnavailable("could not create a run", made)
 
-    async def _make(self, key: Key, stale: Handle | None, flight: asyncio.Future[Handle]) -> None:
+    async def _make(
+        self, key: Key, stale: Handle | None, flight: asyncio.Future[Handle | float]
+    ) -> None:
         try:
             handle = await self._obtain(key, stale)
         except Exception as exc:
@@ -149,9 +156,8 @@ class HandleCache:
             backoff = self._backoff.delay(count - 1)
             self._failures[key] = (count, self._clock.monotonic() + backoff)
             self.stats.failed += 1
-            log.warning("could not create a handle for model %s: %s", key[1], type(exc).__name__)
-            flight.set_exception(HandleUnavailable("could not create a run", backoff))
-            flight.exception()  # retrieved: waiters get it through the shield
+            log.warning("could not create a handle for %s: %s", key[1], type(exc).__name__)
+            flight.set_result(backoff)
         else:
             self._failures.pop(key, None)
             self._sessions[key] = handle.session_id
@@ -183,6 +189,15 @@ class HandleCache:
                     "shared handles unavailable (%s); using the local cache", type(exc).__name__
                 )
         return await create()
+
+    def forget(self, key: Key) -> None:
+        """Whoever held `key` is gone (a client ended its session): release its handle."""
+        handle = self._handles.pop(key, None)
+        self._sessions.pop(key, None)
+        self._failures.pop(key, None)
+        if handle is not None:
+            self._lifetimes.pop(handle.run_id, None)
+            self._retire(handle)
 
     def _retire(self, handle: Handle) -> None:
         """Release a replaced handle's remote resource, best effort, off the request path."""

@@ -59,14 +59,23 @@ class KeyRecord:
     team_id: str | None = None
     model_budgets: tuple[tuple[str, float], ...] | None = None  # per model, per period
     previous_until: float | None = None  # a rotated key's old value works until then
+    # MCP: "<server>" (all its tools) or "<server>/<tool>"; None: every server and tool.
+    mcp: tuple[str, ...] | None = None
 
     def allows(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+    def allows_tool(self, server: str, tool: str) -> bool:
+        """Whether the key's MCP allowlist lets it call `tool` of `server` (deny by default
+        once a list is set)."""
+        allowed = self.mcp
+        return allowed is None or server in allowed or f"{server}/{tool}" in allowed
 
     def public(self) -> dict[str, Any]:
         data = asdict(self)
         data["models"] = list(self.models) if self.models is not None else None
         data["model_budgets"] = dict(self.model_budgets) if self.model_budgets else None
+        data["mcp"] = list(self.mcp) if self.mcp is not None else None
         return data
 
 
@@ -92,7 +101,12 @@ def _record(row: Any) -> KeyRecord:
         team_id=row.team_id,
         model_budgets=_pairs(orjson.loads(row.model_budgets)) if row.model_budgets else None,
         previous_until=row.previous_until,
+        mcp=_tuple(orjson.loads(row.mcp) if row.mcp else None),
     )
+
+
+def _tuple(items: list[str] | None) -> tuple[str, ...] | None:
+    return tuple(items) if items is not None else None
 
 
 def _pairs(budgets: dict[str, float] | None) -> tuple[tuple[str, float], ...] | None:
@@ -112,13 +126,14 @@ UPDATABLE = (
     "max_concurrent_jobs",
     "team_id",
     "model_budgets",
+    "mcp",
 )
 
 
 def _column_values(values: dict[str, Any]) -> dict[str, Any]:
     """A record's public values as the columns hold them (lists and maps as JSON)."""
     out = dict(values)
-    for name in ("models", "model_budgets"):
+    for name in ("models", "model_budgets", "mcp"):
         if name in out:
             out[name] = orjson.dumps(out[name]).decode() if out[name] is not None else None
     return out
@@ -135,7 +150,10 @@ def _decode(raw: bytes) -> KeyRecord | None:
     models = data.pop("models")
     budgets = data.pop("model_budgets", None)
     return KeyRecord(
-        models=tuple(models) if models is not None else None, model_budgets=_pairs(budgets), **data
+        models=tuple(models) if models is not None else None,
+        model_budgets=_pairs(budgets),
+        mcp=_tuple(data.pop("mcp", None)),
+        **data,
     )
 
 
@@ -176,6 +194,7 @@ class KeyService:
         max_concurrent_jobs: int | None = None,
         team_id: str | None = None,
         model_budgets: dict[str, float] | None = None,
+        mcp: list[str] | None = None,
     ) -> tuple[str, KeyRecord]:
         """A new key: the plaintext (shown once) and its record."""
         if budget_period not in PERIODS:
@@ -195,6 +214,7 @@ class KeyService:
             created_at=self.clock.time(),
             team_id=team_id,
             model_budgets=_pairs(model_budgets),
+            mcp=_tuple(mcp),
         )
         values = _column_values(record.public())
         async with self.db.begin() as connection:

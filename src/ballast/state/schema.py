@@ -27,6 +27,7 @@ api_keys = sa.Table(
     sa.Column("previous_until", sa.Float, nullable=True),
     sa.Column("team_id", sa.String(40), nullable=True, index=True),
     sa.Column("model_budgets", sa.Text, nullable=True),  # JSON {model: dollars per period}
+    sa.Column("mcp", sa.Text, nullable=True),  # JSON list of MCP servers/tools; null = all
 )
 
 # A named group of keys sharing a budget and limits.

@@ -221,3 +221,16 @@ class HandleCacheMachine(RuleBasedStateMachine):
 
 TestHandleCacheMachine = HandleCacheMachine.TestCase
 TestHandleCacheMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+async def test_forget_releases_the_handle_and_the_next_get_makes_a_new_one() -> None:
+    clock = ManualClock()
+    actor = FakeActor(clock)
+    cache = make(clock, actor)
+    first = await cache.get(KEY)
+    cache.forget(KEY)
+    cache.forget(KEY)  # twice: nothing more to release
+    await asyncio.sleep(0)
+    assert actor.released == [first.run_id]
+    assert (await cache.get(KEY)).run_id != first.run_id
+    await cache.close()

@@ -181,3 +181,17 @@ async def test_workers_starting_together_on_a_new_database_migrate_it_once(
     finally:
         for database in databases:
             await database.close()
+
+
+async def test_a_keys_mcp_allowlist_is_kept_in_the_database_and_the_cache(db: Database) -> None:
+    from ballast.state.keys import _decode, _encode
+
+    keys = KeyService(db, clock=ManualClock())
+    plaintext, record = await keys.create("agent", mcp=["alpha/echo", "beta"])
+    found = await keys.lookup(plaintext)
+    assert found is not None and found.mcp == ("alpha/echo", "beta")
+    assert _decode(_encode(found)) == found
+    assert found.allows_tool("alpha", "echo") and found.allows_tool("beta", "any")
+    assert not found.allows_tool("alpha", "add")
+    changed = await keys.update(record.id, {"mcp": None})
+    assert changed is not None and changed.mcp is None and changed.allows_tool("gamma", "x")
