@@ -110,7 +110,7 @@ async def send_hit(
     if not request.stream:
         body = lookup.body
         if shape.translates:
-            body = shape.answer(request, orjson.loads(body))
+            body = shape.answer(request, orjson.loads(body)) or body
         await send_bytes(send, 200, [JSON, *extra], body)
         return
     translator = shape.translator(request)

@@ -67,7 +67,7 @@ class Dispatch:
         headers.append(JSON)  # the body parsed as a JSON object, whatever the upstream said
         body = reply.body
         if responder.shape.translates and isinstance(reply.payload, dict):
-            body = responder.shape.answer(ctx, reply.payload)
+            body = responder.shape.answer(ctx, reply.payload) or body
         await responder.answer(reply.status, headers, body)
 
     async def _stream(

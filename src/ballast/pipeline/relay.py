@@ -141,7 +141,7 @@ class Relay:
     async def _continue(self, failure: Failure) -> list[StreamEvent] | None:
         """Open a continuation on another deployment; its first events, or None."""
         call = self.call
-        if not self.continuation or call.path in ("/embeddings", "/responses"):
+        if not self.continuation or call.path in ("/embeddings", "/responses", "/messages"):
             return None
         if call.payload.get("n", 1) not in (1, None) or self.opened.stream.state.untracked:
             return None  # several choices, or output no continuation can be checked against

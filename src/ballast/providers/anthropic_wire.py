@@ -172,21 +172,50 @@ class AnthropicWire(Wire):
         retry_after: float | None,
         deployment: str,
     ) -> Failure:
-        try:
-            payload = orjson.loads(body) if body else None
-        except orjson.JSONDecodeError:
-            payload = None
-        error_type, message = _error_of(payload)
-        kind = kind_of(status, error_type, message)
-        return Failure(
-            kind,
-            f"upstream answered {status} ({error_type})",
-            status=status,
-            body=openai_error(kind, message or f"upstream answered {status}"),
-            headers=headers,
-            retry_after=retry_after,
-            deployment=deployment,
-        )
+        return failure_of(status, body, headers, retry_after, deployment)
+
+
+class NativeWire(Wire):
+    """A Messages request passed through as the client sent it: the answer, the stream's
+    events and their bytes come back untouched (the base Wire's); only errors are read, to
+    be classified as any Anthropic error is."""
+
+    __slots__ = ()
+
+    def failure(
+        self,
+        status: int,
+        body: bytes,
+        headers: tuple[tuple[bytes, bytes], ...],
+        retry_after: float | None,
+        deployment: str,
+    ) -> Failure:
+        return failure_of(status, body, headers, retry_after, deployment)
+
+
+def failure_of(
+    status: int,
+    body: bytes,
+    headers: tuple[tuple[bytes, bytes], ...],
+    retry_after: float | None,
+    deployment: str,
+) -> Failure:
+    """An Anthropic error answer as a classified Failure (its message kept for the client)."""
+    try:
+        payload = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        payload = None
+    error_type, message = _error_of(payload)
+    kind = kind_of(status, error_type, message)
+    return Failure(
+        kind,
+        f"upstream answered {status} ({error_type})",
+        status=status,
+        body=openai_error(kind, message or f"upstream answered {status}"),
+        headers=headers,
+        retry_after=retry_after,
+        deployment=deployment,
+    )
 
 
 class MessageStream:

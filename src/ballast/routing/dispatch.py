@@ -66,6 +66,9 @@ def request_for(
     """The one place a call becomes what a deployment is sent: its adapter's body (every
     edit applied once) and wire, bounded by the attempt's deadline unless `until` is sooner."""
     adapter = attempt.target.adapter
+    bridge = call.bridge
+    if bridge is not None and not adapter.speaks(call.path):
+        call = bridge  # a group mixing native and bridged deployments: this one is bridged
     body = adapter.body(call, model, prefill)
     return UpstreamRequest(
         call.path,
