@@ -6,9 +6,8 @@ What a chat completion has no place for is left out and named in `dropped` (the 
 learns it from the `x-ballast-dropped` header; docs/shapes.md lists them): `top_k`,
 `thinking` (the budget) and earlier turns' thinking blocks (chat upstreams reject or ignore
 reasoning in a request), `cache_control` marks, `service_tier`, `context_management`, MCP
-servers, a container, and any field this translation does not know. Server tools are
-refused: the model would answer without a tool it was promised, and nothing in the answer
-would say so."""
+servers, a container, server tools (`tools.<type>`: Anthropic runs them, a chat upstream
+cannot), and any field this translation does not know."""
 
 from __future__ import annotations
 
@@ -81,6 +80,8 @@ def to_chat(
     tools = payload.get("tools")
     if tools is not None:
         chat["tools"] = _tools(tools, dropped)
+        if not chat["tools"] and tools:
+            del chat["tools"]
     choice = payload.get("tool_choice")
     if choice is not None:
         _tool_choice(choice, chat)
@@ -193,8 +194,8 @@ def _message(message: Any, field: str, dropped: list[str]) -> list[dict[str, Any
     if not isinstance(message, dict):
         raise invalid(field, "Input should be an object")
     role = message.get("role")
-    if role not in ("user", "assistant"):
-        raise invalid(f"{field}.role", "Input should be 'user' or 'assistant'")
+    if role not in ("user", "assistant", "system"):
+        raise invalid(f"{field}.role", "Input should be 'user', 'assistant' or 'system'")
     content = message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
@@ -203,6 +204,8 @@ def _message(message: Any, field: str, dropped: list[str]) -> list[dict[str, Any
     for block in content:
         if isinstance(block, dict) and "cache_control" in block:
             _drop(dropped, "cache_control")
+    if role == "system":  # a system turn mid-conversation: its text blocks
+        return _system(content, dropped)
     if role == "assistant":
         return [_assistant(content, f"{field}.content", dropped)]
     return _user(content, f"{field}.content")
@@ -330,10 +333,8 @@ def _tools(tools: Any, dropped: list[str]) -> list[dict[str, Any]]:
         if not isinstance(tool, dict):
             raise invalid(f"tools.{i}", "Input should be an object")
         if tool.get("type") not in _CLIENT_TOOL_TYPES:
-            raise invalid(
-                f"tools.{i}.type",
-                f"server tool '{str(tool.get('type'))[:50]}' is not supported by this gateway",
-            )
+            _drop(dropped, "tools." + param_name(str(tool.get("type"))))  # a server tool
+            continue
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise invalid(f"tools.{i}.name", "Field required")

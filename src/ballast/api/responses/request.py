@@ -3,8 +3,8 @@ translation over plain dicts. What would make the answer one to another request 
 client made (stored state, built-in tools, background runs, an input item it does not know)
 is refused with a 400 naming the parameter. What only shapes how the answer is made or
 shown (a parameter the bridge does not know, `include`, `truncation`, log probabilities,
-context management, earlier reasoning items) is left out and named in `dropped`, which the
-client reads in the `x-ballast-dropped` header."""
+context management, earlier reasoning items, tools the provider would run) is left out
+and named in `dropped`, which the client reads in the `x-ballast-dropped` header."""
 
 from __future__ import annotations
 
@@ -118,7 +118,9 @@ def to_chat(payload: dict[str, Any], dropped: list[str] | None = None) -> dict[s
         chat["max_tokens"] = payload["max_output_tokens"]
     tools = payload.get("tools")
     if tools:
-        chat["tools"] = chat_tools(tools)
+        chat["tools"] = chat_tools(tools, dropped)
+        if not chat["tools"]:
+            del chat["tools"]
         if payload.get("parallel_tool_calls") is not None:
             chat["parallel_tool_calls"] = payload["parallel_tool_calls"]
     if payload.get("tool_choice") is not None:
@@ -251,21 +253,22 @@ def _function_output(item: dict[str, Any], where: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": output}
 
 
-def chat_tools(tools: Any) -> list[dict[str, Any]]:
-    """Responses' flat function tools as chat's nested ones; any other kind is refused."""
+def chat_tools(tools: Any, dropped: list[str]) -> list[dict[str, Any]]:
+    """Responses' flat function tools as chat's nested ones. A tool of another kind (one the
+    provider runs, a namespace of tools) is left out and named `tools.<type>`."""
     if not isinstance(tools, list):
         raise bad_request("'tools' must be a list.", "tools")
     out = []
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
-        kind = tool.get("type") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict):
+            raise bad_request(f"'{where}' must be an object.", where)
+        kind = tool.get("type")
         if kind != "function":
-            raise unsupported(
-                f"{where}.type",
-                f"only function tools can be bridged, not {str(kind)[:64]!r}"
-                " (built-in tools run on the provider's side)",
-            )
-        assert isinstance(tool, dict)
+            name = "tools." + param_name(str(kind))
+            if name not in dropped:
+                dropped.append(name)
+            continue
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise bad_request(f"'{where}.name' must be a non-empty string.", f"{where}.name")

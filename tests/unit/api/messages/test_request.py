@@ -144,7 +144,7 @@ def test_tool_choice(choice: dict[str, Any], expected: Any) -> None:
         ({"model": 3}, "model"),
         ({"messages": "hi"}, "messages"),
         ({"messages": []}, "messages"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
         (
             {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
             "messages.0.content.0.text",
@@ -161,7 +161,6 @@ def test_tool_choice(choice: dict[str, Any], expected: Any) -> None:
             {"messages": [{"role": "user", "content": [{"type": "document"}]}]},
             "messages.0.content.0.type",
         ),
-        ({"tools": [{"type": "web_search_20250305", "name": "w"}]}, "tools.0.type"),
         ({"tools": [{"name": "f"}]}, "tools.0.input_schema"),
         ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
         ({"stop_sequences": "END"}, "stop_sequences"),
@@ -205,11 +204,13 @@ def test_what_a_chat_completion_cannot_carry_is_dropped_and_named_never_refused(
         "container": "c1",
         "top_k": 3,
         "output_config": {"effort": "high"},
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}],
         "a new field\r\n": 1,  # a name unfit for a header is named `other`
         "service_tier": None,  # a field given as null asks for nothing
     }
     chat = to_chat(payload, dropped=dropped)
     assert chat["messages"][-2] == {"role": "assistant", "content": "ok"}
+    assert "tools" not in chat
     assert dropped == [
         "cache_control",
         "thinking",
@@ -219,6 +220,7 @@ def test_what_a_chat_completion_cannot_carry_is_dropped_and_named_never_refused(
         "context_management",
         "mcp_servers",
         "top_k",
+        "tools.web_search_20250305",
         "output_config.effort",
     ]
 

@@ -96,9 +96,6 @@ def test_tools_choice_format_reasoning_and_stream_are_translated() -> None:
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"background": True}, "background"),
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
-        ({"tools": [{"type": "file_search", "vector_store_ids": []}]}, "tools[0].type"),
-        ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools[0].type"),
         ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "input[0].type"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ],
@@ -128,10 +125,16 @@ def test_what_only_shapes_the_answer_is_dropped_and_named_never_refused() -> Non
             "context_management": [{"type": "compaction"}],
             "frobnicate": 1,
             "unset": None,
+            "tools": [
+                {"type": "function", "name": "f", "parameters": {"type": "object"}},
+                {"type": "web_search"},
+                {"type": "namespace", "name": "agents", "tools": []},
+            ],
         },
         dropped,
     )
     assert chat["messages"] == [{"role": "user", "content": "x"}]
+    assert [t["function"]["name"] for t in chat["tools"]] == ["f"]
     assert dropped == [
         "client_metadata",
         "frobnicate",
@@ -139,6 +142,8 @@ def test_what_only_shapes_the_answer_is_dropped_and_named_never_refused() -> Non
         "include",
         "context_management",
         "input.reasoning",
+        "tools.web_search",
+        "tools.namespace",
     ]
 
 
