@@ -265,9 +265,9 @@ def chat_tools(tools: Any, dropped: list[str]) -> list[dict[str, Any]]:
             raise bad_request(f"'{where}' must be an object.", where)
         kind = tool.get("type")
         if kind != "function":
-            name = "tools." + param_name(str(kind))
-            if name not in dropped:
-                dropped.append(name)
+            named = "tools." + param_name(str(kind))
+            if named not in dropped:
+                dropped.append(named)
             continue
         name = tool.get("name")
         if not isinstance(name, str) or not name:
