@@ -103,6 +103,9 @@ def answer_fields(
     }
     lookup = request.lookup
     fields["cache"] = lookup.status.decode("latin-1") if lookup is not None else None
+    dropped = getattr(request, "dropped", ())
+    if dropped:
+        fields["dropped"] = list(dropped)  # what a translation left out, by name
     if answer is not None:
         fields["provider"] = answer.provider
         if answer.reported:

@@ -1,8 +1,9 @@
 """What the simulator does for coding agents, as strictly as the providers do where agents
 depend on it: thinking blocks signed, and a tool turn refused without its signed thinking
-block (Anthropic's rules, so a gateway that loses a signature fails here as it would in
-production); and the `agent` shape's one tool loop: call a tool the request offers, then
-answer once its result is back."""
+block (Anthropic's rules); with `store: false`, a reasoning model's tool call refused without
+the encrypted reasoning item that came with it (OpenAI's). A gateway that loses either fails
+here as it would in production. And the `agent` shape's one tool loop: call a tool the
+request offers, then answer once its result is back."""
 
 from __future__ import annotations
 
@@ -87,4 +88,47 @@ def agent_call(body: dict[str, Any], name: str, value: str) -> dict[str, Any] | 
                 for key in (required if isinstance(required, list) else ())
                 if isinstance(properties.get(key), dict) and properties[key].get("type") == "string"
             }
+    return None
+
+
+def encrypted_reasoning(number: int) -> str | None:
+    """The opaque `encrypted_content` of answer `number`'s reasoning item."""
+    return sign(f"rs_sim{number}")
+
+
+def wants_encrypted_reasoning(body: dict[str, Any]) -> bool:
+    """A reasoning request that keeps no state (`store: false`) and asks for its reasoning
+    back encrypted, as Codex does."""
+    include = body.get("include")
+    return (
+        body.get("store") is False
+        and isinstance(body.get("reasoning"), dict)
+        and isinstance(include, list)
+        and "reasoning.encrypted_content" in include
+    )
+
+
+def reasoning_problem(body: dict[str, Any]) -> str | None:
+    """OpenAI's refusal of a stateless conversation that sends back this simulator's tool
+    call without the encrypted reasoning item it came with (or with one altered)."""
+    given = body.get("input")
+    if body.get("store") is not False or not isinstance(given, list):
+        return None
+    carried = {
+        item.get("encrypted_content")
+        for item in given
+        if isinstance(item, dict) and item.get("type") == "reasoning"
+    }
+    for item in given:
+        if not isinstance(item, dict) or item.get("type") != "function_call":
+            continue
+        call_id = item.get("call_id")
+        if not isinstance(call_id, str) or not call_id.startswith("call_sim_r"):
+            continue  # not a call this simulator made with reasoning
+        number = call_id.removeprefix("call_sim_r")
+        if not number.isdigit() or encrypted_reasoning(int(number)) not in carried:
+            return (
+                f"Item with call_id '{call_id}' of type 'function_call' was provided without"
+                f" its required 'reasoning' item: 'rs_sim{number}'."
+            )
     return None

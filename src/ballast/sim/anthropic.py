@@ -275,9 +275,6 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return refusal
     try:
         body, model, limit = _read(await request.read())
-        problem = thinking_problem(body)
-        if problem is not None:
-            raise ValueError(problem)
         rule = state.select(model, spec)
         behaviour = rule.behaviour
         answer = chat_answer(_messages(body), behaviour.tokens, limit)
@@ -291,9 +288,15 @@ async def messages(request: web.Request) -> web.StreamResponse:
     outcome = behaviour.name
     if behaviour.is_error_mode and not rule.should_fail(model):
         outcome = "ok"
+    # A failing deployment fails whatever it is asked; one that answers reads the thinking.
+    problem = None if outcome in _ERRORS else thinking_problem(body)
+    if problem is not None:
+        outcome = "bad_request"
     entry = state.record(model=model, path=request.path, behaviour=behaviour.spec, outcome=outcome,
                          stream=stream, prefill=answer.prefill, headers=headers)  # fmt: skip
     entry["fields"] = sorted(body)
+    if problem is not None:
+        return error(400, "invalid_request_error", f"{problem} (sim)")
     if outcome in _ERRORS:
         return _fault(behaviour, answer.prompt_tokens)
     if outcome == "reset":
