@@ -152,6 +152,7 @@ def _message(
     refused: bool,
     call: Call | None = None,
     thinking: bool = False,
+    inputs: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": f"msg_sim_{number}",
@@ -162,7 +163,7 @@ def _message(
         "stop_reason": _stop_reason(answer, shape, refused),
         "stop_sequence": None,
         "usage": {
-            "input_tokens": answer.prompt_tokens,
+            **(inputs or {"input_tokens": answer.prompt_tokens}),
             "output_tokens": 0 if refused else answer.completion_tokens,
         },
     }
@@ -193,11 +194,12 @@ def _events(
     refused: bool,
     call: Call | None = None,
     thinking: bool = False,
+    inputs: dict[str, int] | None = None,
 ) -> tuple[list[bytes], int]:
     """The stream's events and the index of its first content delta."""
     start = _message(number, model, answer, shape, refused)
     start.update(content=[], stop_reason=None)
-    start["usage"] = {"input_tokens": answer.prompt_tokens, "output_tokens": 1}
+    start["usage"] = {**(inputs or {"input_tokens": answer.prompt_tokens}), "output_tokens": 1}
     out = [_event("message_start", {"message": start})]
     index = 0
     if (shape == "reasoning" or thinking) and not refused:
@@ -316,13 +318,15 @@ async def messages(request: web.Request) -> web.StreamResponse:
     refused = outcome == "content_filter"
     shape, call = _turn(body, behaviour, answer)
     thinking = thinks(body)
+    inputs = state.prompt_cache.usage(body, answer.prompt_tokens)
     if not stream:
         entry["tokens"] = 0 if refused else answer.completion_tokens
-        data = orjson.dumps(_message(number, model, answer, shape, refused, call, thinking))
+        message = _message(number, model, answer, shape, refused, call, thinking, inputs)
+        data = orjson.dumps(message)
         return web.Response(
             body=b"{not json" if outcome == "malformed" else data, content_type="application/json"
         )
-    events, first = _events(number, model, answer, shape, refused, call, thinking)
+    events, first = _events(number, model, answer, shape, refused, call, thinking, inputs)
     return await _stream(request, entry, behaviour, outcome, events, first)
 
 
