@@ -25,7 +25,7 @@ THINKING: Any = {"type": "enabled", "budget_tokens": 1024}
 # A long system prompt, cached: its words are what the simulator's cache writes, then reads.
 SYSTEM: Any = [{"type": "text", "text": "rule " * 40, "cache_control": {"type": "ephemeral"}}]
 BETA = "context-management-2025-06-27,interleaved-thinking-2025-05-14"
-PRICE = {"input": 3.0, "output": 15.0, "cached_input": 0.3}
+PRICE = {"input": 3.0, "output": 15.0, "cached_input": 0.3, "cache_write": 3.75}
 
 
 def anthropic_dep(dep_id: str, sim: SimServer, **extra: Any) -> dict[str, Any]:
@@ -86,7 +86,8 @@ def test_the_body_and_betas_go_as_sent_and_signatures_and_cache_figures_come_bac
         assert "context_management" in attempt["fields"] and "thinking" in attempt["fields"]
         assert attempt["headers"]["anthropic-beta"] == BETA
         assert attempt["headers"]["anthropic-version"]  # the SDK's own
-    # Spend: the input tokens are the provider's three figures, cache reads at their price.
+    # Spend: the input tokens are the provider's three figures, the cache's reads and writes
+    # at their own prices.
     samples = scrape(gateway)
     usages = [first.usage, second.usage]
     prompt = sum(
@@ -97,7 +98,9 @@ def test_the_body_and_betas_go_as_sent_and_signatures_and_cache_figures_come_bac
     assert value(samples, "ballast_tokens_total", type="input", **labels) == prompt
     assert value(samples, "ballast_tokens_total", type="output", **labels) == output
     read = sum(u.cache_read_input_tokens for u in usages)
-    expected = ((prompt - read) * 3.0 + read * 0.3 + output * 15.0) / 1_000_000
+    written = sum(u.cache_creation_input_tokens for u in usages)
+    fresh = prompt - read - written
+    expected = (fresh * 3.0 + read * 0.3 + written * 3.75 + output * 15.0) / 1_000_000
     assert value(samples, "ballast_cost_dollars_total", **labels) == pytest.approx(expected)
 
 

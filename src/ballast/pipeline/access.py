@@ -21,7 +21,7 @@ from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.budgets import Budgets, Hold
 from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
 from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter, reset_header
-from ballast.state.spend import SpendRecorder, cached_tokens, period_of
+from ballast.state.spend import SpendRecorder, cache_writes, cached_tokens, period_of
 from ballast.state.teams import Team, TeamService
 
 log = logging.getLogger("ballast.access")
@@ -359,7 +359,9 @@ class Access:
         cost = (
             0.0
             if cached
-            else self.pricing.cost(model, deployment, prompt, completion, cached_tokens(usage))
+            else self.pricing.cost(
+                model, deployment, prompt, completion, cached_tokens(usage), cache_writes(usage)
+            )
         )
         if self.budgets is not None:
             for hold in ticket.holds:

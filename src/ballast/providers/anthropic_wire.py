@@ -62,8 +62,17 @@ def usage_of(usage: dict[str, Any]) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    details: dict[str, int] = {}
     if read:
-        out["prompt_tokens_details"] = {"cached_tokens": read}
+        details["cached_tokens"] = read
+    written = usage.get("cache_creation_input_tokens") or 0
+    if written:  # the cache writes Anthropic bills apart: 5 minutes or an hour
+        split = usage.get("cache_creation")
+        long = split.get("ephemeral_1h_input_tokens") or 0 if isinstance(split, dict) else 0
+        details["cache_write_tokens"] = written - long
+        details["cache_write_1h_tokens"] = long
+    if details:
+        out["prompt_tokens_details"] = details
     return out
 
 
