@@ -169,8 +169,8 @@ class Cache:
         ctx, group = flow.ctx, flow.group
         assert ctx is not None and group is not None, "the cache runs after resolve"
         field = take_field(ctx) if "cache" in ctx.payload else None
-        if group.cache is None or self.pipeline.cache is None:
-            return call_next(flow)
+        if group.cache is None or self.pipeline.cache is None or ctx.native:
+            return call_next(flow)  # a native answer is the provider's own: not kept
         return self._lookup(flow, call_next, field)
 
     async def _lookup(self, flow: Flow, call_next: Next, field: Any) -> None:

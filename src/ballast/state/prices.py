@@ -5,11 +5,11 @@ the name the upstream reported, with a date suffix stripped (`gpt-4o-2024-08-06`
 
 The built-in figures are US dollars per million tokens (input, output, cached input) and the
 longest answer the model gives (`max_output_tokens`); Anthropic's models also bill writes to
-their prompt cache, at 1.25 times the input price for 5 minutes and twice it for an hour, from the providers' public pricing and
-model pages as of 2025-06 (openai.com/api/pricing, anthropic.com/pricing,
-ai.google.dev/gemini-api/docs/pricing, mistral.ai/pricing); for Gemini the figure for
-prompts up to 128k (1.5) or 200k (2.5 Pro) tokens. Prices change: configure your own to be
-sure; a configured price always wins."""
+their prompt cache, at 1.25 times the input price for 5 minutes and twice it for an hour;
+from the providers' public pricing and model pages as of 2025-06 (openai.com/api/pricing,
+anthropic.com/pricing, ai.google.dev/gemini-api/docs/pricing, mistral.ai/pricing); for
+Gemini the figure for prompts up to 128k (1.5) or 200k (2.5 Pro) tokens. Prices change:
+configure your own to be sure; a configured price always wins."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ _BUILT_IN: dict[str, tuple[float, float, float | None, int | None]] = {
     "gemini-1.5-flash": (0.075, 0.30, None, 8_192),
     "mistral-large": (2.00, 6.00, None, None),
 }
+
 
 def _writes(name: str, input_price: float) -> dict[str, float]:
     """The cache-write prices of the providers that charge them."""
