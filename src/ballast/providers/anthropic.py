@@ -46,6 +46,7 @@ class AnthropicAdapter(NativeAdapter):
         self._own = {k: v for k, v in headers.items() if k not in configured}
         self._headers = header_lines(self._own)
         self._native = deployment.messages_mode == "native"
+        self._lines: dict[tuple[tuple[str, str], ...], bytes] = {}  # forwarded -> header lines
         # Deployment URLs are written as the API's root, with or without its /v1.
         self._target = "/messages" if deployment.url.endswith("/v1") else "/v1/messages"
 
@@ -63,6 +64,9 @@ class AnthropicAdapter(NativeAdapter):
         given = call.forwarded
         if not given:
             return self._headers
+        known = self._lines.get(given)  # clients send the same few values over and over
+        if known is not None:
+            return known
         headers = dict(self._own)
         for name, value in given:
             if name in self._configured:
@@ -71,7 +75,11 @@ class AnthropicAdapter(NativeAdapter):
             if name == "anthropic-beta" and own is not None and own != value:
                 value = f"{value},{own}"
             headers[name] = value
-        return header_lines(headers)
+        lines = header_lines(headers)
+        if len(self._lines) >= 256:
+            self._lines.clear()
+        self._lines[given] = lines
+        return lines
 
     def translate(self, payload: dict[str, Any], model: str) -> dict[str, Any]:
         try:
