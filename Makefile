@@ -29,4 +29,4 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/run.py --quick
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .agent-clis

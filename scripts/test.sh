@@ -20,6 +20,10 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+echo "== agent CLIs (Claude Code, Codex CLI; pinned, installed into this checkout)"
+BALLAST_AGENT_BIN=$(scripts/agent-clis.sh)
+export BALLAST_AGENT_BIN
+
 echo "== services (Redis, PostgreSQL)"
 services_dir=$(mktemp -d)
 export BALLAST_SERVICES_DIR="$services_dir"

@@ -19,7 +19,7 @@ from ballast.api.admin_views import AdminViews
 from ballast.api.fleet import Fleet
 from ballast.api.jobs import JobsApi
 from ballast.api.keys_admin import KeysAdmin
-from ballast.api.messages import MESSAGES
+from ballast.api.messages import MESSAGES, MessagesShape
 from ballast.api.models import MODELS_PREFIX
 from ballast.api.reload import Generation, Reloader
 from ballast.api.responses.shape import ResponsesShape
@@ -82,13 +82,16 @@ class BallastApp:
         )
         self.pipeline = Pipeline(settings, self.router, clock)
         self.responses = ResponsesShape(lambda model: self.generation.router.resolve(model), clock)
+        self.messages = MessagesShape(lambda model: self.generation.router.resolve(model))
         self.ready = False
         self.in_flight = 0  # proxied requests running in this worker
         self.max_in_flight = settings.server.max_in_flight
         self.shed = 0  # requests refused with 503 because max_in_flight was reached
         self.config_path: str | None = None  # set when started from a file (enables reload)
         # A config reload swaps in a new generation; a request runs on the one it began on.
-        self.generation = Generation(1, settings, self.pipeline, self.observer, self.responses)
+        self.generation = Generation(
+            1, settings, self.pipeline, self.observer, self.responses, self.messages
+        )
         self.reloader = Reloader(self)
         self.fleet = Fleet(self.state, settings.fleet, settings.state.redis_url)
         self.admin = Admin(self, self.reloader, self.fleet)

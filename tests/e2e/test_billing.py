@@ -33,12 +33,27 @@ from tests.stack import (
 )
 
 HI = [{"role": "user", "content": "hi"}]
-# (route, body, how /v1/responses is served)
-SHAPES: dict[str, tuple[str, dict[str, Any], str | None]] = {
-    "chat": ("/v1/chat/completions", {"messages": HI, "max_tokens": 200}, None),
-    "messages": ("/v1/messages", {"messages": HI, "max_tokens": 200}, None),
-    "responses-bridged": ("/v1/responses", {"input": "hi", "max_output_tokens": 200}, "bridge"),
-    "responses-native": ("/v1/responses", {"input": "hi", "max_output_tokens": 200}, "native"),
+# (route, body, the deployment's own settings: how the shape is served)
+SHAPES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", {"messages": HI, "max_tokens": 200}, {}),
+    "messages": ("/v1/messages", {"messages": HI, "max_tokens": 200}, {}),
+    # Anthropic's own stream: its usage comes first, with one output token; the rest relayed
+    # must be billed all the same.
+    "messages-native": (
+        "/v1/messages",
+        {"messages": HI, "max_tokens": 200},
+        {"provider": "anthropic", "messages": "native"},
+    ),
+    "responses-bridged": (
+        "/v1/responses",
+        {"input": "hi", "max_output_tokens": 200},
+        {"responses": "bridge"},
+    ),
+    "responses-native": (
+        "/v1/responses",
+        {"input": "hi", "max_output_tokens": 200},
+        {"responses": "native"},
+    ),
 }
 
 
@@ -74,10 +89,12 @@ def spend_rows(folder: Path, key_id: str) -> list[tuple[int, int, float, int]]:
 def test_a_stream_the_client_drops_is_billed_for_what_it_relayed(
     stack: Stack, sim: SimServer, tmp_path: Path, shape: str
 ) -> None:
-    path, body, responses = SHAPES[shape]
+    path, body, extra = SHAPES[shape]
     settings = config(sim, sqlite_state(tmp_path, spend_flush_interval=0.1))
-    extra = {} if responses is None else {"responses": responses}
-    settings["models"] = [group("chat", deployment("a", sim, model="sim-chat", **extra))]
+    entry = deployment("a", sim, model="sim-chat", **extra)
+    if extra.get("provider") == "anthropic":
+        entry["url"] = sim.url  # the API's root, where /v1/messages is
+    settings["models"] = [group("chat", entry)]
     gateway = stack.gateway(settings)
     key, key_id = new_key(gateway, budget=1e6, budget_period="total")
     for _ in range(3):

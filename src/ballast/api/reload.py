@@ -48,6 +48,9 @@ class Gateway(Protocol):
     @property
     def responses(self) -> Shape: ...
 
+    @property
+    def messages(self) -> Shape: ...
+
 
 class Generation:
     """One config's router and routes, with the client requests running on them."""
@@ -71,6 +74,7 @@ class Generation:
         pipeline: Pipeline,
         observer: Observer,
         responses: Shape,
+        messages: Shape,
     ) -> None:
         self.number = number
         self.settings = settings
@@ -79,7 +83,7 @@ class Generation:
         self.observer = observer
         self.in_flight = 0
         self._idle: asyncio.Event | None = None
-        self.post, self.get = build_routes(self, pipeline, observer, responses)
+        self.post, self.get = build_routes(self, pipeline, observer, responses, messages)
 
     def left(self) -> None:
         """A request on this generation ended."""
@@ -173,7 +177,9 @@ class Reloader:
         pipeline = Pipeline(settings, router, app.clock)
         pipeline.access = old.pipeline.access  # what start-up attached
         pipeline.cache = old.pipeline.cache
-        new = Generation(old.number + 1, settings, pipeline, app.observer, app.responses)
+        new = Generation(
+            old.number + 1, settings, pipeline, app.observer, app.responses, app.messages
+        )
         # The swap itself: no await between these lines, so no request sees half of it.
         app.generation = new
         app.settings = settings

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from ballast.api.messages import COUNTING, MESSAGES, count_tokens
+from ballast.api.messages import COUNTING, count_tokens
 from ballast.api.models import ModelInfo, ModelList
 from ballast.api.openai import OPENAI
 from ballast.observe.hub import Observer
@@ -98,7 +98,11 @@ class Route:
 
 
 def build_routes(
-    generation: Generation, pipeline: Pipeline, observer: Observer, responses: Shape
+    generation: Generation,
+    pipeline: Pipeline,
+    observer: Observer,
+    responses: Shape,
+    messages: Shape,
 ) -> tuple[dict[str, Route], dict[str, Route]]:
     """(POST routes, GET routes) by path, for one generation."""
     stages = request_stages(pipeline, observer)
@@ -112,7 +116,7 @@ def build_routes(
         "/v1/completions": route("/completions", OPENAI),
         "/v1/embeddings": route("/embeddings", OPENAI),
         "/v1/responses": route("/responses", responses),
-        "/v1/messages": route("/chat/completions", MESSAGES),
+        "/v1/messages": route("/messages", messages),
         "/v1/messages/count_tokens": route(
             "/chat/completions", COUNTING, [*stages[:_RESOLVE], count_tokens]
         ),

@@ -85,6 +85,29 @@ class Deployment(Section):
         )
         return "native" if native else "bridge"
 
+    messages: Literal["native", "bridge"] | None = Field(
+        None,
+        description="how /v1/messages is served: native forwards the client's body and"
+        " headers to the deployment's own /v1/messages and its events back untouched; bridge"
+        " turns it into a chat completion; unset: native for provider anthropic, bridge for"
+        " everything else",
+    )
+
+    @property
+    def messages_mode(self) -> Literal["native", "bridge"]:
+        if self.messages is not None:
+            return self.messages
+        return "native" if self.provider == "anthropic" else "bridge"
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value == "native" and info.data.get("provider") != "anthropic":
+            raise ValueError(
+                f"deployment {_name(info)}: messages: native needs provider: anthropic"
+            )
+        return value
+
     @field_validator("responses")
     @classmethod
     def _responses(cls, value: str | None, info: ValidationInfo) -> str | None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ballast.state.spend import cached_tokens, cost_of
+from ballast.state.spend import cache_writes, cached_tokens, cost_of
 
-# (answered model, deployment, prompt, completion and cached prompt tokens) -> dollars
-CostOf = Callable[[str, str | None, int, int, int], float]
+# (answered model, deployment, prompt, completion, cached prompt tokens, prompt tokens
+# written to the cache for 5 minutes and for an hour) -> dollars
+CostOf = Callable[[str, str | None, int, int, int, tuple[int, int]], float]
 
 # Where upstreams put their own id of a request (OpenAI, Anthropic, AWS, Azure).
 _UPSTREAM_ID_HEADERS = (b"x-request-id", b"request-id", b"x-amzn-requestid", b"apim-request-id")
@@ -65,10 +66,11 @@ class Answer:
         prompt, completion = tokens
         model = request.answered_model or request.model
         cached = cached_tokens(request.usage)
+        writes = cache_writes(request.usage)
         if cost_of_answer is not None:  # the gateway's own pricing, the same as spend's
-            cost = cost_of_answer(model, deployment, prompt, completion, cached)
+            cost = cost_of_answer(model, deployment, prompt, completion, cached, writes)
         elif router is not None:
-            cost = cost_of(router.settings.prices, model, prompt, completion, cached)
+            cost = cost_of(router.settings.prices, model, prompt, completion, cached, writes)
         else:
             cost = 0.0
         return cls(key_id, provider, shape, True, prompt, completion, cached, cost)
@@ -103,6 +105,9 @@ def answer_fields(
     }
     lookup = request.lookup
     fields["cache"] = lookup.status.decode("latin-1") if lookup is not None else None
+    dropped = getattr(request, "dropped", ())
+    if dropped:
+        fields["dropped"] = list(dropped)  # what a translation left out, by name
     if answer is not None:
         fields["provider"] = answer.provider
         if answer.reported:

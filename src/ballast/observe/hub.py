@@ -159,6 +159,8 @@ class Observer:
         outcome = outcome_of(trace, status, attempts, client_gone)
         ttft = trace.first - trace.began if trace.first else None
         self.metrics.request(model, deployment, status, outcome, latency, ttft, attempts, shape)
+        if request is not None and request.dropped:
+            self.metrics.dropped(shape, request.dropped)
         if deployment != "none":
             self.traffic.add(deployment)
         answer = None

@@ -141,6 +141,12 @@ class Metrics:
         self.reloads = Counter(
             "ballast_config_reloads", "Config reloads by result.", ("result",), registry=reg
         )
+        self.dropped_params = Counter(
+            "ballast_dropped_params",
+            "Request parameters left out on the way to a deployment of another API shape.",
+            ("shape", "parameter"),
+            registry=reg,
+        )
         self._event_children: dict[tuple[str, ...], Any] = {}
         self._models: frozenset[str] = frozenset()
         self._patterns: tuple[str, ...] = ()
@@ -193,6 +199,12 @@ class Metrics:
             self._child(self.probes, dep, str(fields.get("outcome"))).inc()
         elif name == "client_gone":
             self._child(self.clients_gone, dep, reason).inc()
+
+    def dropped(self, shape: str, names: Iterable[str]) -> None:
+        """Parameters a request's translation left out (each a plain name, or `other`)."""
+        for name in names:
+            if len(self._event_children) < 10_000:  # a client's names are bounded here too
+                self._child(self.dropped_params, shape, name).inc()
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (metric._name, *labels)

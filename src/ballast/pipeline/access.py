@@ -21,7 +21,7 @@ from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.budgets import Budgets, Hold
 from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
 from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter, reset_header
-from ballast.state.spend import SpendRecorder, cached_tokens, period_of
+from ballast.state.spend import SpendRecorder, cache_writes, cached_tokens, period_of
 from ballast.state.teams import Team, TeamService
 
 log = logging.getLogger("ballast.access")
@@ -57,8 +57,13 @@ def token_counts(usage: Any) -> tuple[int, int]:
     garbage must not fail an answered request, nor a spend batch (and its replays) for good."""
     if not isinstance(usage, dict):
         return 0, 0
-    if "input_tokens" in usage:  # a Responses answer relayed as the upstream sent it
-        return _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+    if "input_tokens" in usage:  # a Responses or Messages answer relayed as it came
+        prompt = _count(usage.get("input_tokens"))
+        if "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:
+            # Anthropic counts the cache's reads and writes apart from `input_tokens`.
+            prompt += _count(usage.get("cache_read_input_tokens"))
+            prompt += _count(usage.get("cache_creation_input_tokens"))
+        return min(prompt, MAX_TOKEN_COUNT), _count(usage.get("output_tokens"))
     return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
 
 
@@ -387,7 +392,9 @@ class Access:
         cost = (
             0.0
             if cached
-            else self.pricing.cost(model, deployment, prompt, completion, cached_tokens(usage))
+            else self.pricing.cost(
+                model, deployment, prompt, completion, cached_tokens(usage), cache_writes(usage)
+            )
         )
         if self.budgets is not None:
             for hold in ticket.holds:

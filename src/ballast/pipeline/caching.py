@@ -110,7 +110,7 @@ async def send_hit(
     if not request.stream:
         body = lookup.body
         if shape.translates:
-            body = shape.answer(request, orjson.loads(body))
+            body = shape.answer(request, orjson.loads(body)) or body
         await send_bytes(send, 200, [JSON, *extra], body)
         return
     translator = shape.translator(request)
@@ -169,8 +169,8 @@ class Cache:
         ctx, group = flow.ctx, flow.group
         assert ctx is not None and group is not None, "the cache runs after resolve"
         field = take_field(ctx) if "cache" in ctx.payload else None
-        if group.cache is None or self.pipeline.cache is None:
-            return call_next(flow)
+        if group.cache is None or self.pipeline.cache is None or ctx.native:
+            return call_next(flow)  # a native answer is the provider's own: not kept
         return self._lookup(flow, call_next, field)
 
     async def _lookup(self, flow: Flow, call_next: Next, field: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,15 @@ from ballast.state.ratelimit import Lease
 if TYPE_CHECKING:
     from ballast.cache.service import Lookup
     from ballast.routing.attempt_loop import Attempts
+
+
+_PARAM = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def param_name(name: str) -> str:
+    """A client's parameter name fit for a header, a log field and a metric label: as it is
+    when it is a plain name, else `other` (a client may send any key it likes)."""
+    return name if _PARAM.fullmatch(name) else "other"
 
 
 @dataclass(slots=True)
@@ -44,6 +54,14 @@ class RequestContext:
     allowed_models: tuple[str, ...] | None = None  # the key's models, set by admit
     authorization: bytes | None = None  # the client's Authorization header, as sent
     edits: dict[str, Any] = field(default_factory=dict)
+    # Parameters translation had to leave out (the x-ballast-dropped header, logs, metrics).
+    dropped: tuple[str, ...] = ()
+    # Request headers a native upstream of the client's own shape reads, as the client sent.
+    forwarded: tuple[tuple[str, str], ...] = ()
+    # The request answered in the client's own shape by the upstream (a native pass-through).
+    native: bool = False
+    # A native request's chat form, for the deployments of its chain that are bridged.
+    bridge: RequestContext | None = None
     group: ModelGroup | None = None  # set by resolve
     ticket: Ticket | None = None  # set by admit, when keys are in use
     lookup: Lookup | None = None  # set by the cache stage, for groups with a cache

@@ -71,7 +71,7 @@ class Dispatch:
         headers.append(JSON)  # the body parsed as a JSON object, whatever the upstream said
         body = reply.body
         if responder.shape.translates and isinstance(reply.payload, dict):
-            body = responder.shape.answer(ctx, reply.payload)
+            body = responder.shape.answer(ctx, reply.payload) or body
         await responder.answer(reply.status, headers, body)
 
     async def _stream(
@@ -121,7 +121,11 @@ class Dispatch:
         model = relay.model or ctx.model
         usage = relay.usage
         if isinstance(usage, dict):
-            self.pipeline.settle(ctx, model, usage, relay.deployment)
+            raised = relay.cut_usage(usage)
+            if raised is None:
+                self.pipeline.settle(ctx, model, usage, relay.deployment)
+            else:  # what was relayed outgrew the upstream's early count: an estimate
+                self.pipeline.settle(ctx, model, raised, relay.deployment, estimated=True)
             return
         usage = relay.relayed_usage(estimate_prompt_tokens(ctx))
         self.pipeline.settle(ctx, model, usage, relay.deployment, estimated=True)

@@ -109,15 +109,21 @@ class Pricing:
         return entry
 
     def cost(
-        self, model: str, deployment: str | None, prompt: int, completion: int, cached: int = 0
+        self,
+        model: str,
+        deployment: str | None,
+        prompt: int,
+        completion: int,
+        cached: int = 0,
+        writes: tuple[int, int] = (0, 0),
     ) -> float:
         """Dollars for an answer: priced by the deployment's configured model first, then by
         the model the upstream reported (date suffixes stripped); `cached` prompt tokens at
-        the cached-input price."""
+        the cached-input price, `writes` to the cache (5 minutes, 1 hour) at theirs."""
         configured = self._deployment_models.get(deployment) if deployment else None
         if configured is not None and configured in self.prices:
             model = configured
-        return cost_of(self.prices, model, prompt, completion, cached)
+        return cost_of(self.prices, model, prompt, completion, cached, writes)
 
 
 def _choices(n: object, best_of: object) -> int:

@@ -3,7 +3,7 @@ by the route's API shape into the pipeline's request (a RequestContext)."""
 
 from __future__ import annotations
 
-from ballast.pipeline.asgi import read_body, require_json
+from ballast.pipeline.asgi import Scope, read_body, require_json
 from ballast.pipeline.pipeline import Pipeline
 from ballast.pipeline.stages import Flow, Next
 
@@ -22,5 +22,20 @@ class Read:
         ctx.request_id = flow.responder.request_id
         ctx.shape = flow.shape.name
         ctx.authorization = flow.authorization
+        names = flow.shape.forwards
+        if names:
+            ctx.forwarded = forwarded(scope, names)
         flow.ctx = ctx
         await call_next(flow)
+
+
+def forwarded(scope: Scope, names: tuple[bytes, ...]) -> tuple[tuple[str, str], ...]:
+    """The request's headers of these names, as sent (a repeated one joined with commas)."""
+    found: dict[bytes, list[bytes]] = {}
+    for name, value in scope["headers"]:
+        if name in names:
+            found.setdefault(name, []).append(value)
+    return tuple(
+        (name.decode("latin-1"), b",".join(values).decode("latin-1"))
+        for name, values in found.items()
+    )

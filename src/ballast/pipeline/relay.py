@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ballast.config import ModelGroup
 from ballast.pipeline.context import RequestContext
@@ -34,6 +35,22 @@ def failure_error(failure: Failure, detail: str) -> ApiError:
     kind = failure.kind
     message = f"The upstream stream failed ({kind.label}): {detail}"
     return ApiError(kind.status, message, kind.error_type, kind.code)
+
+
+def at_least(usage: dict[str, Any], relayed: int) -> dict[str, Any] | None:
+    """`usage` with its output tokens (chat's `completion_tokens`, or the `output_tokens`
+    of Messages and Responses) raised to `relayed`; None when they are that many already."""
+    for name in ("completion_tokens", "output_tokens"):
+        count = usage.get(name)
+        if type(count) is int:
+            if count >= relayed:
+                return None
+            raised = {**usage, name: relayed}
+            total = usage.get("total_tokens")
+            if type(total) is int:
+                raised["total_tokens"] = total + relayed - count
+            return raised
+    return None
 
 
 class Relay:
@@ -77,6 +94,15 @@ class Relay:
     @property
     def usage(self) -> object:
         return self.opened.stream.state.usage
+
+    def cut_usage(self, usage: dict[str, Any]) -> dict[str, Any] | None:
+        """The upstream's usage of a stream cut before it finished, with its output count
+        raised to what was relayed when that is more (Anthropic's count comes with the
+        first event and is final only at the end); None when it needs no raising."""
+        state = self.opened.stream.state
+        if state.finished:
+            return None
+        return at_least(usage, state.relayed_tokens)
 
     def relayed_usage(self, prompt: int) -> dict[str, int]:
         """What a stream cut short without the upstream's usage has cost, estimated: the
@@ -153,7 +179,7 @@ class Relay:
     async def _continue(self, failure: Failure) -> list[StreamEvent] | None:
         """Open a continuation on another deployment; its first events, or None."""
         call = self.call
-        if not self.continuation or call.path in ("/embeddings", "/responses"):
+        if not self.continuation or call.path in ("/embeddings", "/responses", "/messages"):
             return None
         if call.payload.get("n", 1) not in (1, None) or self.opened.stream.state.untracked:
             return None  # several choices, or output no continuation can be checked against

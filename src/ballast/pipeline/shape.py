@@ -22,11 +22,12 @@ again."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Protocol
 
 import orjson
 
-from ballast.config import ModelGroup
+from ballast.config import Deployment, ModelGroup
 from ballast.pipeline.asgi import Scope, header
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.errors import ApiError
@@ -58,9 +59,10 @@ class Rendering:
     # False: answers, streams and passthrough bodies are already in the client's shape.
     translates: ClassVar[bool] = False
 
-    def answer(self, ctx: RequestContext, payload: dict[str, Any]) -> bytes:
+    def answer(self, ctx: RequestContext, payload: dict[str, Any]) -> bytes | None:
         """A whole chat answer in the shape's body (asked of translating shapes only; here
-        the chat answer itself)."""
+        the chat answer itself); None: the upstream's body is the shape's own, sent as it
+        came (a native pass-through)."""
         return orjson.dumps(payload)
 
     def translator(self, ctx: RequestContext) -> StreamTranslator | None:
@@ -83,6 +85,9 @@ class Rendering:
 class Shape(Rendering, ABC):
     """An inbound API: its rendering, and how its requests are read."""
 
+    # The request headers a native upstream of this shape reads, forwarded as they came.
+    forwards: ClassVar[tuple[bytes, ...]] = ()
+
     @abstractmethod
     def parse(self, path: str, body: bytes) -> RequestContext:
         """The client's body as the pipeline's (chat) request; ApiError for a bad one."""
@@ -94,3 +99,35 @@ class Shape(Rendering, ABC):
     def bind(self, ctx: RequestContext, group: ModelGroup) -> None:
         """What the shape decides once the request's model group is known (after its key
         was checked); most shapes decide everything in `parse`."""
+
+
+Resolve = Callable[[str], ModelGroup | None]
+
+
+class Modes:
+    """How the deployments that may answer a request serve a shape (`native` or `bridge`,
+    read off each deployment by `mode`): the group's, its fallbacks' and the request's own
+    fallbacks'. Decided once per group object (a reloaded configuration brings new ones);
+    requests naming their own fallbacks decide anew."""
+
+    def __init__(self, resolve: Resolve, mode: Callable[[Deployment], str]) -> None:
+        self._resolve = resolve  # the model groups of the configuration now serving
+        self._mode = mode
+        self._known: dict[int, tuple[ModelGroup, frozenset[str]]] = {}
+
+    def of(self, group: ModelGroup, fallbacks: Iterable[str]) -> frozenset[str]:
+        if not fallbacks:
+            known = self._known.get(id(group))
+            if known is not None and known[0] is group:
+                return known[1]
+        groups = [group]
+        for name in [*group.fallbacks, *fallbacks, *group.context_fallbacks]:
+            found = self._resolve(name)
+            if found is not None:
+                groups.append(found)
+        modes = frozenset(self._mode(d) for g in groups for d in g.deployments)
+        if not fallbacks:
+            if len(self._known) >= 4096:
+                self._known.clear()
+            self._known[id(group)] = (group, modes)
+        return modes

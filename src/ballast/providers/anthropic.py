@@ -1,7 +1,9 @@
-"""Anthropic's Messages API behind the OpenAI chat shape: `x-api-key` and
-`anthropic-version` headers, the request translated (anthropic_request.py) and the answer,
-stream and errors translated back (anthropic_wire.py). Messages goes on from an assistant
-prefill natively, so a stream cut mid-answer is continued, not regenerated."""
+"""Anthropic's Messages API: `x-api-key` and `anthropic-version` headers. A chat request is
+translated (anthropic_request.py) and the answer, stream and errors translated back
+(anthropic_wire.py); Messages goes on from an assistant prefill natively, so a chat stream
+cut mid-answer is continued, not regenerated. A Messages request to a deployment that
+serves it natively (`messages: native`, the default) goes as the client sent it, with the
+`anthropic-version` and `anthropic-beta` it sent, and comes back untouched."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from typing import Any, ClassVar
 
 from ballast.config import AnthropicOptions, Deployment
 from ballast.providers.anthropic_request import Untranslatable, messages_request
-from ballast.providers.anthropic_wire import AnthropicWire
-from ballast.providers.base import AdapterContext, Capabilities, OutboundCall
+from ballast.providers.anthropic_wire import AnthropicWire, NativeWire
+from ballast.providers.base import Adapter, AdapterContext, Capabilities, OutboundCall
 from ballast.providers.native import NativeAdapter
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
@@ -40,9 +42,44 @@ class AnthropicAdapter(NativeAdapter):
             headers["anthropic-beta"] = self.options.beta
         # A configured header of the same name wins (the Upstream sends those on every call).
         configured = {name.lower() for name in deployment.headers}
-        self._headers = header_lines({k: v for k, v in headers.items() if k not in configured})
+        self._configured = configured
+        self._own = {k: v for k, v in headers.items() if k not in configured}
+        self._headers = header_lines(self._own)
+        self._native = deployment.messages_mode == "native"
+        self._lines: dict[tuple[tuple[str, str], ...], bytes] = {}  # forwarded -> header lines
         # Deployment URLs are written as the API's root, with or without its /v1.
         self._target = "/messages" if deployment.url.endswith("/v1") else "/v1/messages"
+
+    def speaks(self, path: str) -> bool:
+        return self._native or path != "/messages"
+
+    def body(self, call: OutboundCall, model: str, prefill: str | None = None) -> bytes:
+        if call.path == "/messages":  # native: the client's bytes, the model name rewritten
+            return Adapter.body(self, call, model)
+        return super().body(call, model, prefill)
+
+    def _native_headers(self, call: OutboundCall) -> bytes:
+        """The deployment's headers with the client's `anthropic-version` and
+        `anthropic-beta` (the deployment's betas kept beside the client's)."""
+        given = call.forwarded
+        if not given:
+            return self._headers
+        known = self._lines.get(given)  # clients send the same few values over and over
+        if known is not None:
+            return known
+        headers = dict(self._own)
+        for name, value in given:
+            if name in self._configured:
+                continue
+            own = headers.get(name)
+            if name == "anthropic-beta" and own is not None and own != value:
+                value = f"{value},{own}"
+            headers[name] = value
+        lines = header_lines(headers)
+        if len(self._lines) >= 256:
+            self._lines.clear()
+        self._lines[given] = lines
+        return lines
 
     def translate(self, payload: dict[str, Any], model: str) -> dict[str, Any]:
         try:
@@ -67,7 +104,9 @@ class AnthropicAdapter(NativeAdapter):
         body: bytes,
         stream: bool,
         prefill: str | None = None,
-    ) -> AnthropicWire:
+    ) -> Wire:
+        if call.path == "/messages":
+            return NativeWire(self._target, self._native_headers(call))
         options = call.edits.get("stream_options") or call.payload.get("stream_options")
         usage_wanted = isinstance(options, dict) and bool(options.get("include_usage"))
         created = int(self.context.clock.time())

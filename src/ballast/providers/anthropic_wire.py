@@ -62,8 +62,17 @@ def usage_of(usage: dict[str, Any]) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    details: dict[str, int] = {}
     if read:
-        out["prompt_tokens_details"] = {"cached_tokens": read}
+        details["cached_tokens"] = read
+    written = usage.get("cache_creation_input_tokens") or 0
+    if written:  # the cache writes Anthropic bills apart: 5 minutes or an hour
+        split = usage.get("cache_creation")
+        long = split.get("ephemeral_1h_input_tokens") or 0 if isinstance(split, dict) else 0
+        details["cache_write_tokens"] = written - long
+        details["cache_write_1h_tokens"] = long
+    if details:
+        out["prompt_tokens_details"] = details
     return out
 
 
@@ -172,21 +181,50 @@ class AnthropicWire(Wire):
         retry_after: float | None,
         deployment: str,
     ) -> Failure:
-        try:
-            payload = orjson.loads(body) if body else None
-        except orjson.JSONDecodeError:
-            payload = None
-        error_type, message = _error_of(payload)
-        kind = kind_of(status, error_type, message)
-        return Failure(
-            kind,
-            f"upstream answered {status} ({error_type})",
-            status=status,
-            body=openai_error(kind, message or f"upstream answered {status}"),
-            headers=headers,
-            retry_after=retry_after,
-            deployment=deployment,
-        )
+        return failure_of(status, body, headers, retry_after, deployment)
+
+
+class NativeWire(Wire):
+    """A Messages request passed through as the client sent it: the answer, the stream's
+    events and their bytes come back untouched (the base Wire's); only errors are read, to
+    be classified as any Anthropic error is."""
+
+    __slots__ = ()
+
+    def failure(
+        self,
+        status: int,
+        body: bytes,
+        headers: tuple[tuple[bytes, bytes], ...],
+        retry_after: float | None,
+        deployment: str,
+    ) -> Failure:
+        return failure_of(status, body, headers, retry_after, deployment)
+
+
+def failure_of(
+    status: int,
+    body: bytes,
+    headers: tuple[tuple[bytes, bytes], ...],
+    retry_after: float | None,
+    deployment: str,
+) -> Failure:
+    """An Anthropic error answer as a classified Failure (its message kept for the client)."""
+    try:
+        payload = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        payload = None
+    error_type, message = _error_of(payload)
+    kind = kind_of(status, error_type, message)
+    return Failure(
+        kind,
+        f"upstream answered {status} ({error_type})",
+        status=status,
+        body=openai_error(kind, message or f"upstream answered {status}"),
+        headers=headers,
+        retry_after=retry_after,
+        deployment=deployment,
+    )
 
 
 class MessageStream:

@@ -46,6 +46,12 @@ class OutboundCall(Protocol):
     def credential(self) -> str: ...
     @property
     def request_id(self) -> str | None: ...  # passed on to the deployment
+    # The client's headers a native upstream reads; the chat form of a call for a deployment
+    # that does not speak the call's own shape.
+    @property
+    def forwarded(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def bridge(self) -> OutboundCall | None: ...
 
 
 class EditedCall:
@@ -81,6 +87,14 @@ class EditedCall:
     @property
     def request_id(self) -> str | None:
         return self._call.request_id
+
+    @property
+    def forwarded(self) -> tuple[tuple[str, str], ...]:
+        return self._call.forwarded
+
+    @property
+    def bridge(self) -> OutboundCall | None:
+        return self._call.bridge
 
 
 class SessionSource(Protocol):
@@ -118,6 +132,11 @@ class Adapter:
 
     async def close(self) -> None:
         """Release what `start` and the requests made."""
+
+    def speaks(self, path: str) -> bool:
+        """Whether a call on `path` goes to this deployment as it is; False: it is sent in
+        its chat form (a Messages request to a deployment that does not speak Messages)."""
+        return path != "/messages"
 
     def upstream_model(self, model: str) -> str:
         """The name the deployment knows the model by: its configured one, or the client's."""

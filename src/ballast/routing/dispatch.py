@@ -68,6 +68,9 @@ def request_for(
     edit applied once) and wire, bounded by the attempt's deadline unless `until` is sooner;
     `headers`, more header lines (the attempt's trace context)."""
     adapter = attempt.target.adapter
+    bridge = call.bridge
+    if bridge is not None and not adapter.speaks(call.path):
+        call = bridge  # a group mixing native and bridged deployments: this one is bridged
     body = adapter.body(call, model, prefill)
     return UpstreamRequest(
         call.path,

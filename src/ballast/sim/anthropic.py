@@ -4,7 +4,11 @@ terms: `429` is a `rate_limit_error`, `500` an `api_error`, `503` the 529
 `overloaded_error`, `context_length` a "prompt is too long", `content_filter` an answer
 that stops with `refusal`; `malformed` breaks an event, `cut`/`stall` act after `after`
 text deltas, `error_event` sends an `overloaded_error` event after `after` text deltas,
-and `no_done` ends the stream without `message_stop`."""
+and `no_done` ends the stream without `message_stop`.
+
+Strict where agents depend on it (agent.py): with thinking on, an answer opens with a signed
+thinking block (its signature in a `signature_delta` when streamed), and a conversation whose
+thinking blocks were altered or lost on a tool turn is refused with Anthropic's 400."""
 
 from __future__ import annotations
 
@@ -16,6 +20,14 @@ import orjson
 from aiohttp import web
 
 from ballast.sim.admin import json_response
+from ballast.sim.agent import (
+    THINKING_TEXT,
+    agent_call,
+    sign,
+    thinking_problem,
+    thinks,
+    tool_result_back,
+)
 from ballast.sim.answer import Answer, chat_answer
 from ballast.sim.behaviour import Behaviour
 from ballast.sim.bodies import TOOL_NAME, format_retry_after, tool_arguments
@@ -25,6 +37,7 @@ from ballast.sim.state import SIM_STATE, mask_secret
 BEHAVIOUR_HEADER = "x-sim-behaviour"
 _ERRORS = frozenset({"429", "500", "503", "context_length", "409", "401"})
 _STOP = {"stop": "end_turn", "length": "max_tokens"}
+_ROLES = ("user", "assistant", "system")
 _ERROR_EVENT = (
     b"event: error\ndata: "
     b'{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded (sim)"}}\n\n'
@@ -71,8 +84,9 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages: at least one message is required")
     for message in messages:
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise ValueError("messages: each message needs role user or assistant")
+        # A system turn mid-conversation is what Anthropic's newer clients send too.
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise ValueError("messages: each message needs role user, assistant or system")
     last = messages[-1]
     if last.get("role") == "assistant":
         content = last.get("content")
@@ -88,15 +102,36 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return head + messages
 
 
-def _content(answer: Answer, shape: str, number: int) -> list[dict[str, Any]]:
+Call = tuple[str, dict[str, Any]]  # a tool's name and input
+
+
+def _turn(body: dict[str, Any], behaviour: Behaviour, answer: Answer) -> tuple[str, Call | None]:
+    """The answer's shape (text, tool, reasoning) and the tool call it makes, if any."""
+    shape = behaviour.shape
+    if shape == "agent":
+        offered = (
+            None if tool_result_back(body) else agent_call(body, behaviour.tool, behaviour.arg)
+        )
+        return ("text", None) if offered is None else ("tool", (behaviour.tool, offered))
     if shape == "tool":
-        arguments = orjson.loads("".join(tool_arguments(answer.pieces)))
-        return [
-            {"type": "tool_use", "id": f"toolu_sim_{number}", "name": TOOL_NAME, "input": arguments}
-        ]
+        return shape, (TOOL_NAME, orjson.loads("".join(tool_arguments(answer.pieces))))
+    return shape, None
+
+
+def _thinking_block() -> dict[str, Any]:
+    return {"type": "thinking", "thinking": THINKING_TEXT, "signature": sign(THINKING_TEXT)}
+
+
+def _content(
+    answer: Answer, shape: str, number: int, call: Call | None, thinking: bool
+) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
-    if shape == "reasoning":
-        blocks.append({"type": "thinking", "thinking": "thinking (sim)", "signature": "sig-sim"})
+    if thinking or shape == "reasoning":
+        blocks.append(_thinking_block())
+    if call is not None:
+        name, arguments = call
+        use = {"type": "tool_use", "id": f"toolu_sim_{number}", "name": name, "input": arguments}
+        return [*blocks, use]
     blocks.append({"type": "text", "text": answer.text})
     return blocks
 
@@ -109,17 +144,26 @@ def _stop_reason(answer: Answer, shape: str, refused: bool) -> str:
     return _STOP.get(answer.finish_reason, "end_turn")
 
 
-def _message(number: int, model: str, answer: Answer, shape: str, refused: bool) -> dict[str, Any]:
+def _message(
+    number: int,
+    model: str,
+    answer: Answer,
+    shape: str,
+    refused: bool,
+    call: Call | None = None,
+    thinking: bool = False,
+    inputs: dict[str, int] | None = None,
+) -> dict[str, Any]:
     return {
         "id": f"msg_sim_{number}",
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [] if refused else _content(answer, shape, number),
+        "content": [] if refused else _content(answer, shape, number, call, thinking),
         "stop_reason": _stop_reason(answer, shape, refused),
         "stop_sequence": None,
         "usage": {
-            "input_tokens": answer.prompt_tokens,
+            **(inputs or {"input_tokens": answer.prompt_tokens}),
             "output_tokens": 0 if refused else answer.completion_tokens,
         },
     }
@@ -129,35 +173,44 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
 
 
+def _thinking_events() -> list[bytes]:
+    """A thinking block as Anthropic streams it: its text, then its signature."""
+    start = {"type": "thinking", "thinking": "", "signature": ""}
+    text = {"type": "thinking_delta", "thinking": THINKING_TEXT}
+    signature = {"type": "signature_delta", "signature": sign(THINKING_TEXT)}
+    return [
+        _event("content_block_start", {"index": 0, "content_block": start}),
+        _event("content_block_delta", {"index": 0, "delta": text}),
+        _event("content_block_delta", {"index": 0, "delta": signature}),
+        _event("content_block_stop", {"index": 0}),
+    ]
+
+
 def _events(
-    number: int, model: str, answer: Answer, shape: str, refused: bool
+    number: int,
+    model: str,
+    answer: Answer,
+    shape: str,
+    refused: bool,
+    call: Call | None = None,
+    thinking: bool = False,
+    inputs: dict[str, int] | None = None,
 ) -> tuple[list[bytes], int]:
     """The stream's events and the index of its first content delta."""
     start = _message(number, model, answer, shape, refused)
     start.update(content=[], stop_reason=None)
-    start["usage"] = {"input_tokens": answer.prompt_tokens, "output_tokens": 1}
+    start["usage"] = {**(inputs or {"input_tokens": answer.prompt_tokens}), "output_tokens": 1}
     out = [_event("message_start", {"message": start})]
     index = 0
-    if shape == "reasoning" and not refused:
-        out.append(
-            _event(
-                "content_block_start",
-                {"index": 0, "content_block": {"type": "thinking", "thinking": ""}},
-            )
-        )
-        out.append(
-            _event(
-                "content_block_delta",
-                {"index": 0, "delta": {"type": "thinking_delta", "thinking": "thinking (sim)"}},
-            )
-        )
-        out.append(_event("content_block_stop", {"index": 0}))
+    if (shape == "reasoning" or thinking) and not refused:
+        out.extend(_thinking_events())
         index = 1
-    if shape == "tool":
-        block = {"type": "tool_use", "id": f"toolu_sim_{number}", "name": TOOL_NAME, "input": {}}
-        deltas = [
-            {"type": "input_json_delta", "partial_json": p} for p in tool_arguments(answer.pieces)
-        ]
+    if call is not None:
+        name, arguments = call
+        block = {"type": "tool_use", "id": f"toolu_sim_{number}", "name": name, "input": {}}
+        given = orjson.dumps(arguments).decode()
+        pieces = tool_arguments(answer.pieces) if name == TOOL_NAME else [given]
+        deltas = [{"type": "input_json_delta", "partial_json": p} for p in pieces]
     else:
         block = {"type": "text", "text": ""}
         deltas = [{"type": "text_delta", "text": p} for p in answer.pieces]
@@ -181,6 +234,10 @@ def _selected_headers(request: web.Request) -> dict[str, str]:
         value = request.headers.get(name)
         if value:
             selected[name] = mask_secret(value)
+    for name in ("anthropic-version", "anthropic-beta"):
+        value = request.headers.get(name)
+        if value is not None:
+            selected[name] = value
     request_id = request.headers.get("x-request-id")
     if request_id is not None:
         selected["x-request-id"] = request_id
@@ -233,8 +290,15 @@ async def messages(request: web.Request) -> web.StreamResponse:
     outcome = behaviour.name
     if behaviour.is_error_mode and not rule.should_fail(model):
         outcome = "ok"
+    # A failing deployment fails whatever it is asked; one that answers reads the thinking.
+    problem = None if outcome in _ERRORS else thinking_problem(body)
+    if problem is not None:
+        outcome = "bad_request"
     entry = state.record(model=model, path=request.path, behaviour=behaviour.spec, outcome=outcome,
                          stream=stream, prefill=answer.prefill, headers=headers)  # fmt: skip
+    entry["fields"] = sorted(body)
+    if problem is not None:
+        return error(400, "invalid_request_error", f"{problem} (sim)")
     if outcome in _ERRORS:
         return _fault(behaviour, answer.prompt_tokens)
     if outcome == "reset":
@@ -252,13 +316,17 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return web.Response()
     number = state.next_id()
     refused = outcome == "content_filter"
+    shape, call = _turn(body, behaviour, answer)
+    thinking = thinks(body)
+    inputs = state.prompt_cache.usage(body, answer.prompt_tokens)
     if not stream:
         entry["tokens"] = 0 if refused else answer.completion_tokens
-        data = orjson.dumps(_message(number, model, answer, behaviour.shape, refused))
+        message = _message(number, model, answer, shape, refused, call, thinking, inputs)
+        data = orjson.dumps(message)
         return web.Response(
             body=b"{not json" if outcome == "malformed" else data, content_type="application/json"
         )
-    events, first = _events(number, model, answer, behaviour.shape, refused)
+    events, first = _events(number, model, answer, shape, refused, call, thinking, inputs)
     return await _stream(request, entry, behaviour, outcome, events, first)
 
 

@@ -16,10 +16,22 @@ from urllib.parse import parse_qsl
 
 # Parameters shared by every behaviour that ends in a normal answer.
 _ANSWER = frozenset(
-    {"tokens", "delay", "first_token_delay", "latency", "tail_p", "tail_delay", "shape"}
+    {
+        "tokens",
+        "delay",
+        "first_token_delay",
+        "latency",
+        "tail_p",
+        "tail_delay",
+        "shape",
+        "tool",
+        "arg",
+    }
 )
-# What a chat answer is made of: text, one tool call, or reasoning (`reasoning_content`).
-SHAPES = ("text", "tool", "reasoning")
+# What a chat answer is made of: text, one tool call, or reasoning (`reasoning_content`);
+# `agent` (Anthropic's and Responses' wires) calls the offered tool named `tool` (each
+# required string argument `arg`), then answers once its result is back.
+SHAPES = ("text", "tool", "reasoning", "agent")
 _MODES = frozenset({"mode", "seconds", "p", "seed"})
 
 ALLOWED_PARAMS: dict[str, frozenset[str]] = {
@@ -78,6 +90,8 @@ class Behaviour:
     tail_p: float = 0.0
     tail_delay: float = 0.0
     shape: str = "text"
+    tool: str = "lookup"  # the tool the agent shape calls
+    arg: str = "sim"  # and the value of its required string arguments
     # 429 / 500 / 503.
     retry_after: float | None = None
     mode: str = "always"
@@ -163,6 +177,8 @@ _CONVERTERS: dict[str, Callable[[str, str], Any]] = {
     "tail_p": _to_probability,
     "tail_delay": _to_float,
     "shape": _to_shape,
+    "tool": _to_text,
+    "arg": _to_text,
     "retry_after": _to_float,
     "mode": _to_mode,
     "seconds": _to_float,

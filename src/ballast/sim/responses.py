@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from ballast.sim.agent import encrypted_reasoning, reasoning_problem, wants_encrypted_reasoning
 from ballast.sim.answer import Answer, content_text
 from ballast.sim.bodies import TOOL_NAME, Ids, tool_arguments, tool_call_id
 
@@ -21,6 +22,9 @@ class BadInput(ValueError):
 
 def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The conversation as role/content messages (what the answer is computed from)."""
+    problem = reasoning_problem(body)
+    if problem is not None:
+        raise BadInput(problem + " (sim)", "input")
     given = body.get("input")
     messages: list[dict[str, Any]] = []
     if isinstance(body.get("instructions"), str):
@@ -90,13 +94,27 @@ def _response(ids: Ids, body: dict[str, Any], status: str) -> dict[str, Any]:
     }
 
 
-def _item(ids: Ids, shape: str, text: str, status: str) -> dict[str, Any]:
+def _reasoned(body: dict[str, Any], shape: str) -> bool:
+    """A tool call made with reasoning the client keeps (encrypted: `store: false`)."""
+    return shape == "tool" and wants_encrypted_reasoning(body)
+
+
+def _reasoning_item(ids: Ids) -> dict[str, Any]:
+    return {
+        "id": f"rs_sim{ids.number}",
+        "type": "reasoning",
+        "summary": [],
+        "encrypted_content": encrypted_reasoning(ids.number),
+    }
+
+
+def _item(ids: Ids, shape: str, text: str, status: str, reasoned: bool = False) -> dict[str, Any]:
     if shape == "tool":
         return {
             "id": f"fc_sim{ids.number}",
             "type": "function_call",
             "status": status,
-            "call_id": tool_call_id(ids),
+            "call_id": f"call_sim_r{ids.number}" if reasoned else tool_call_id(ids),
             "name": TOOL_NAME,
             "arguments": text,
         }
@@ -128,7 +146,9 @@ def _final(ids: Ids, body: dict[str, Any], answer: Answer, shape: str) -> dict[s
     if cut:
         response["incomplete_details"] = {"reason": "max_output_tokens"}
     item_status = "incomplete" if cut else "completed"
-    response["output"] = [_item(ids, shape, "".join(_pieces(answer, shape)), item_status)]
+    reasoned = _reasoned(body, shape)
+    item = _item(ids, shape, "".join(_pieces(answer, shape)), item_status, reasoned)
+    response["output"] = [_reasoning_item(ids), item] if reasoned else [item]
     response["usage"] = _usage(answer)
     return response
 
@@ -154,9 +174,16 @@ def stream_events(
     opening = _response(ids, body, "in_progress")
     out.add("response.created", {"response": opening})
     out.add("response.in_progress", {"response": opening})
-    item = _item(ids, shape, "", "in_progress")
-    where = {"item_id": item["id"], "output_index": 0}
-    out.add("response.output_item.added", {"output_index": 0, "item": item})
+    reasoned = _reasoned(body, shape)
+    at = 0
+    if reasoned:  # the reasoning item comes whole, ahead of the call
+        reasoning = _reasoning_item(ids)
+        out.add("response.output_item.added", {"output_index": 0, "item": reasoning})
+        out.add("response.output_item.done", {"output_index": 0, "item": reasoning})
+        at = 1
+    item = _item(ids, shape, "", "in_progress", reasoned)
+    where = {"item_id": item["id"], "output_index": at}
+    out.add("response.output_item.added", {"output_index": at, "item": item})
     pieces = _pieces(answer, shape)
     text = "".join(pieces)
     if shape == "tool":
@@ -177,7 +204,7 @@ def stream_events(
         done_part = _text_part(text) if plain else {"type": "reasoning_text", "text": text}
         out.add("response.content_part.done", {**where, "content_index": 0, "part": done_part})
     final = _final(ids, body, answer, shape)
-    out.add("response.output_item.done", {"output_index": 0, "item": final["output"][0]})
+    out.add("response.output_item.done", {"output_index": at, "item": final["output"][at]})
     kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
     out.add(kind, {"response": final})
     return out.events, first

@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from ballast.sim.behaviour import Behaviour, parse_behaviour
+from ballast.sim.prompt_cache import PromptCache
 
 WILDCARD = "*"
 MAX_LOGGED_ATTEMPTS = 100_000
@@ -56,6 +57,7 @@ class SimState:
         self.seen_models: dict[str, None] = {}
         self._next_id = 0
         self.closing = False
+        self.prompt_cache = PromptCache()  # what Anthropic's wire reports as cached
 
     def next_id(self) -> int:
         self._next_id += 1

@@ -4,11 +4,12 @@ the name the upstream reported, with a date suffix stripped (`gpt-4o-2024-08-06`
 `claude-3-5-haiku-20241022` are priced as `gpt-4o`, `claude-3-5-haiku`).
 
 The built-in figures are US dollars per million tokens (input, output, cached input) and the
-longest answer the model gives (`max_output_tokens`), from the providers' public pricing and
-model pages as of 2025-06 (openai.com/api/pricing, anthropic.com/pricing,
-ai.google.dev/gemini-api/docs/pricing, mistral.ai/pricing); for Gemini the figure for
-prompts up to 128k (1.5) or 200k (2.5 Pro) tokens. Prices change: configure your own to be
-sure; a configured price always wins."""
+longest answer the model gives (`max_output_tokens`); Anthropic's models also bill writes to
+their prompt cache, at 1.25 times the input price for 5 minutes and twice it for an hour;
+from the providers' public pricing and model pages as of 2025-06 (openai.com/api/pricing,
+anthropic.com/pricing, ai.google.dev/gemini-api/docs/pricing, mistral.ai/pricing); for
+Gemini the figure for prompts up to 128k (1.5) or 200k (2.5 Pro) tokens. Prices change:
+configure your own to be sure; a configured price always wins."""
 
 from __future__ import annotations
 
@@ -43,8 +44,16 @@ _BUILT_IN: dict[str, tuple[float, float, float | None, int | None]] = {
     "mistral-large": (2.00, 6.00, None, None),
 }
 
+
+def _writes(name: str, input_price: float) -> dict[str, float]:
+    """The cache-write prices of the providers that charge them."""
+    if name.startswith("claude"):
+        return {"cache_write": input_price * 1.25, "cache_write_1h": input_price * 2}
+    return {}
+
+
 BUILT_IN: dict[str, ModelPrice] = {
-    name: ModelPrice(input=i, output=o, cached_input=c, max_output_tokens=m)
+    name: ModelPrice(input=i, output=o, cached_input=c, max_output_tokens=m, **_writes(name, i))
     for name, (i, o, c, m) in _BUILT_IN.items()
 }
 

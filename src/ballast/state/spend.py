@@ -63,6 +63,7 @@ __all__ = [
     "SpendRecorder",
     "SpendRow",
     "SpendUnavailable",
+    "cache_writes",
     "cost_of",
     "counter_name",
     "new_event_id",
@@ -92,10 +93,13 @@ def cost_of(
     prompt_tokens: int,
     completion_tokens: int,
     cached_tokens: int = 0,
+    writes: tuple[int, int] = (0, 0),
 ) -> float:
     """Dollars for one response; prices are per million tokens. An unpriced model costs 0.
     Prompt tokens served from the upstream's cache (`cached_tokens`, part of the prompt)
-    cost the model's `cached_input` price where it has one."""
+    cost the model's `cached_input` price where it has one; those written to it (`writes`:
+    for 5 minutes, for an hour; part of the prompt too) its `cache_write` and
+    `cache_write_1h` prices."""
     price = prices.get(model)
     if price is None:
         return 0.0
@@ -106,6 +110,10 @@ def cost_of(
     if cached_tokens > 0 and price.cached_input is not None:
         cached = cached_tokens if cached_tokens < prompt else prompt
         dollars -= cached * (price.input - price.cached_input)
+    if writes[0] or writes[1]:
+        short = price.cache_write if price.cache_write is not None else price.input
+        long = price.cache_write_1h if price.cache_write_1h is not None else short
+        dollars += writes[0] * (short - price.input) + writes[1] * (long - price.input)
     return dollars / 1_000_000
 
 
@@ -118,6 +126,32 @@ def cached_tokens(usage: Any) -> int:
     value = details.get("cached_tokens") if isinstance(details, dict) else None
     if value is None:
         value = usage.get("cache_read_input_tokens")
+    return value if type(value) is int and value > 0 else 0
+
+
+def cache_writes(usage: Any) -> tuple[int, int]:
+    """Input tokens the upstream wrote to its prompt cache: (for 5 minutes, for an hour).
+    Anthropic's usage says both (`cache_creation`), or only their sum (then 5 minutes);
+    a translated chat usage carries them in `prompt_tokens_details`."""
+    if not isinstance(usage, dict):
+        return 0, 0
+    details = usage.get("cache_creation")
+    if isinstance(details, dict):
+        return _tokens(details.get("ephemeral_5m_input_tokens")), _tokens(
+            details.get("ephemeral_1h_input_tokens")
+        )
+    written = usage.get("cache_creation_input_tokens")
+    if written is not None:
+        return _tokens(written), 0
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and "cache_write_tokens" in details:
+        return _tokens(details.get("cache_write_tokens")), _tokens(
+            details.get("cache_write_1h_tokens")
+        )
+    return 0, 0
+
+
+def _tokens(value: Any) -> int:
     return value if type(value) is int and value > 0 else 0
 
 

@@ -1,6 +1,6 @@
 """What a streamed answer has said so far, read from its typed events: output seen (the
-first-token clock), the text kept for continuation, the finish, the usage. The chat and
-Responses semantics the transport does not know."""
+first-token clock), the text kept for continuation, the finish, the usage. The chat,
+Responses and Messages semantics the transport does not know."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ class ToolCall:
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 _OTHER_OUTPUT = ("refusal", "audio", "function_call")
 _TERMINAL = frozenset(("response.completed", "response.incomplete", "response.failed"))
+# Content blocks of a Messages stream that come whole, with no deltas after them.
+_STREAMED_BLOCKS = frozenset(("text", "thinking", "tool_use", "server_tool_use"))
+# Where a Messages delta carries its output: text, thinking, a tool's input as JSON.
+_MESSAGE_DELTA_TEXT = ("text", "thinking", "partial_json")
 
 
 @dataclass(slots=True)
@@ -97,18 +101,22 @@ class StreamState:
                     self.finished = True
                     self.finish_reason = reason if isinstance(reason, str) else None
         elif "type" in payload:
-            self._observe_typed(payload)
+            self._observe_typed(payload)  # it reads its own usage
+            return
         usage = payload.get("usage")
         if usage is not None and isinstance(usage, dict):
             self.usage = usage
 
     def _observe_typed(self, payload: dict[str, Any]) -> None:
-        """An event of a Responses stream (one relayed as the upstream sent it): a delta is
-        output, and a terminal event ends the answer with its usage (no `[DONE]` follows)."""
+        """An event of a Responses or Messages stream (one relayed as the upstream sent it):
+        for Responses, a delta is output, and a terminal event ends the answer with its
+        usage (no `[DONE]` follows)."""
         kind = payload["type"]
         if not isinstance(kind, str):
             return
-        if kind.endswith(".delta"):
+        if kind.startswith(("message_", "content_block_")):
+            self._observe_message(kind, payload)
+        elif kind.endswith(".delta"):
             self.output = True
             piece = payload.get("delta")
             if isinstance(piece, str):  # text, reasoning, a call's arguments: all billed
@@ -127,6 +135,40 @@ class StreamState:
             usage = response.get("usage") if isinstance(response, dict) else None
             if isinstance(usage, dict):
                 self.usage = usage
+
+    def _observe_message(self, kind: str, payload: dict[str, Any]) -> None:
+        """An event of a Messages stream relayed as the upstream sent it: its deltas (and a
+        block that comes whole, such as redacted thinking) are output, never continued;
+        `message_start` and `message_delta` carry the usage, `message_stop` ends it."""
+        if kind == "content_block_delta":
+            self.output = self.untracked = True
+            delta = payload.get("delta")
+            if isinstance(delta, dict):  # text, thinking, a tool's input: all billed
+                for name in _MESSAGE_DELTA_TEXT:
+                    piece = delta.get(name)
+                    if isinstance(piece, str):
+                        self.kept += len(piece)
+                        self.pieces += 1
+                        break
+        elif kind == "content_block_start":
+            block = payload.get("content_block")
+            if isinstance(block, dict) and block.get("type") not in _STREAMED_BLOCKS:
+                self.output = self.untracked = True
+        elif kind == "message_start":
+            message = payload.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            if isinstance(usage, dict):
+                self.usage = dict(usage)
+        elif kind == "message_delta":
+            usage = payload.get("usage")
+            if isinstance(usage, dict):  # the counts so far: they replace message_start's
+                self.usage = {**(self.usage or {}), **usage}
+            delta = payload.get("delta")
+            reason = delta.get("stop_reason") if isinstance(delta, dict) else None
+            self.finished = True
+            self.finish_reason = reason if isinstance(reason, str) else None
+        elif kind == "message_stop":
+            self.finished = self.done = True
 
     def _observe_other(self, delta: dict[str, Any]) -> None:
         calls = delta.get("tool_calls")

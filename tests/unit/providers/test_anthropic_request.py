@@ -83,6 +83,8 @@ class _Call:
     model = "chat"
     credential = "c"
     request_id = None
+    forwarded: tuple[tuple[str, str], ...] = ()
+    bridge = None
 
     def __init__(self, payload: dict[str, Any], edits: dict[str, Any] | None = None) -> None:
         self.payload = payload

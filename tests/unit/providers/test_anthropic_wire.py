@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from ballast.providers.anthropic_wire import AnthropicWire
+from ballast.providers.anthropic_wire import AnthropicWire, usage_of
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure
 from ballast.stream.state import StreamState
@@ -203,3 +203,23 @@ def test_the_text_before_an_error_event_is_given_before_the_error() -> None:
     with pytest.raises(Failure) as info:
         decoder.finish()
     assert info.value.kind is failures.OVERLOADED
+
+
+def test_cache_writes_are_kept_apart_in_the_translated_usage() -> None:
+    usage = {
+        "input_tokens": 5,
+        "output_tokens": 2,
+        "cache_read_input_tokens": 3,
+        "cache_creation_input_tokens": 10,
+        "cache_creation": {"ephemeral_5m_input_tokens": 4, "ephemeral_1h_input_tokens": 6},
+    }
+    assert usage_of(usage) == {
+        "prompt_tokens": 18,
+        "completion_tokens": 2,
+        "total_tokens": 20,
+        "prompt_tokens_details": {
+            "cached_tokens": 3,
+            "cache_write_tokens": 4,
+            "cache_write_1h_tokens": 6,
+        },
+    }

@@ -50,6 +50,8 @@ class _Call:
         self.edits: dict[str, Any] = {}
         self.credential = "c"
         self.request_id: str | None = None
+        self.forwarded: tuple[tuple[str, str], ...] = ()
+        self.bridge = None
 
 
 def _lines(headers: bytes) -> dict[str, str]:

@@ -29,6 +29,7 @@ from ballast.state.spend import (
     SpendEvent,
     SpendRecorder,
     SpendUnavailable,
+    cache_writes,
     cost_of,
     new_event_id,
     period_of,
@@ -180,6 +181,28 @@ def test_cost_of() -> None:
     assert cost_of(prices, "free", 1000, 1000) == 0.0
     assert cost_of(prices, "unknown", 1000, 1000) == 0.0
     assert cost_of(prices, "gpt-x", -5, -5) == 0.0
+
+
+def test_cache_writes_cost_what_the_provider_bills() -> None:
+    price = ModelPrice(input=3.0, output=15.0, cached_input=0.3, cache_write=3.75)
+    prices = {"claude": price, "plain": ModelPrice(input=3.0)}
+    # 1,000 prompt tokens: 600 fresh, 100 read, 200 written for 5 minutes, 100 for an hour.
+    usage = {
+        "input_tokens": 600,
+        "cache_read_input_tokens": 100,
+        "cache_creation_input_tokens": 300,
+        "cache_creation": {"ephemeral_5m_input_tokens": 200, "ephemeral_1h_input_tokens": 100},
+    }
+    writes = cache_writes(usage)
+    assert writes == (200, 100)
+    dollars = (600 * 3.0 + 100 * 0.3 + 200 * 3.75 + 100 * 3.75) / 1e6  # 1h: cache_write
+    assert cost_of(prices, "claude", 1000, 0, 100, writes) == pytest.approx(dollars)
+    assert cost_of(prices, "plain", 1000, 0, 100, writes) == pytest.approx(3000 / 1e6)
+    # The sum alone is the 5-minute cache; a translated chat usage carries both.
+    assert cache_writes({"cache_creation_input_tokens": 7}) == (7, 0)
+    chat = {"prompt_tokens_details": {"cache_write_tokens": 5, "cache_write_1h_tokens": 2}}
+    assert cache_writes(chat) == (5, 2)
+    assert cache_writes({"prompt_tokens": 3}) == (0, 0) and cache_writes(None) == (0, 0)
 
 
 def test_period_of_is_utc() -> None:

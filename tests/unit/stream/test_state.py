@@ -36,3 +36,44 @@ def test_the_output_tokens_of_a_responses_stream_count_every_kind_of_delta() -> 
     state.observe({"type": "response.function_call_arguments.delta", "delta": "b" * 8})
     state.observe({"type": "response.reasoning_summary_text.delta", "delta": "c" * 8})
     assert state.relayed_tokens == 6
+
+
+def test_a_messages_stream_is_read_as_anthropic_sends_it() -> None:
+    state = StreamState()
+    usage = {"input_tokens": 5, "cache_read_input_tokens": 40, "output_tokens": 1}
+    state.observe({"type": "message_start", "message": {"usage": usage}})
+    state.observe({"type": "ping"})
+    block = {"type": "text", "text": ""}
+    state.observe({"type": "content_block_start", "index": 0, "content_block": block})
+    assert not state.output  # no output until a delta: the first-token clock still runs
+    delta = {"type": "text_delta", "text": "hi"}
+    state.observe({"type": "content_block_delta", "index": 0, "delta": delta})
+    assert state.output and state.untracked  # relayed on, never continued
+    ended = {"stop_reason": "end_turn"}
+    state.observe({"type": "message_delta", "delta": ended, "usage": {"output_tokens": 7}})
+    assert state.finished and not state.done and state.finish_reason == "end_turn"
+    # The delta's counts replace message_start's; the cache figures stay.
+    assert state.usage == {"input_tokens": 5, "cache_read_input_tokens": 40, "output_tokens": 7}
+    state.observe({"type": "message_stop"})
+    assert state.done
+
+
+def test_a_messages_block_that_comes_whole_is_output() -> None:
+    state = StreamState()
+    block = {"type": "redacted_thinking", "data": "opaque"}
+    state.observe({"type": "content_block_start", "index": 0, "content_block": block})
+    assert state.output
+
+
+def test_a_messages_streams_deltas_count_as_relayed_output() -> None:
+    state = StreamState()
+    usage = {"input_tokens": 5, "output_tokens": 1}
+    state.observe({"type": "message_start", "message": {"usage": usage}})
+    for delta in (
+        {"type": "thinking_delta", "thinking": "t" * 8},
+        {"type": "text_delta", "text": "a" * 8},
+        {"type": "input_json_delta", "partial_json": '{"q": 1}'},
+        {"type": "signature_delta", "signature": "s" * 400},  # not output: not counted
+    ):
+        state.observe({"type": "content_block_delta", "index": 0, "delta": delta})
+    assert state.relayed_tokens == 6 and not state.finished

@@ -19,9 +19,10 @@ REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 def message_id(chat_id: Any) -> str:
-    """An Anthropic message id made from the upstream's answer id."""
+    """An Anthropic message id made from the upstream's answer id (an Anthropic
+    deployment's own `msg_` id kept as it is)."""
     text = chat_id if isinstance(chat_id, str) and chat_id else "ballast"
-    return "msg_" + text.removeprefix("chatcmpl-")
+    return text if text.startswith("msg_") else "msg_" + text.removeprefix("chatcmpl-")
 
 
 def stop_reason(finish: Any, matched: Any, stops: Any) -> tuple[str, str | None]:

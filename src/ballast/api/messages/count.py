@@ -12,6 +12,7 @@ from __future__ import annotations
 import orjson
 
 from ballast.api.messages.shape import MessagesShape
+from ballast.config import ModelGroup
 from ballast.pipeline.access import estimate_prompt_tokens
 from ballast.pipeline.asgi import JSON
 from ballast.pipeline.context import RequestContext
@@ -24,6 +25,9 @@ class CountingShape(MessagesShape):
 
     def parse(self, path: str, body: bytes) -> RequestContext:
         return self.context(body, counting=True)
+
+    def bind(self, ctx: RequestContext, group: ModelGroup) -> None:
+        """Nothing to decide: the count is the translated body's, whoever would answer."""
 
 
 COUNTING = CountingShape()

@@ -2,11 +2,12 @@
 
 Read field by field into a new chat payload (the pipeline's terms); anything unusable is a
 400 naming the field the way Anthropic's API does (`messages.0.content.1.source.type`).
-What a chat completion has no place for is left out, on purpose and documented in
-docs/shapes.md: `top_k`, `thinking` (the budget) and earlier turns' thinking blocks (chat
-upstreams reject or ignore reasoning in a request), `cache_control` marks, `service_tier`.
-Features that cannot be honoured through a chat completion (server tools, MCP servers, a
-container) are refused rather than dropped silently."""
+What a chat completion has no place for is left out and named in `dropped` (the client
+learns it from the `x-ballast-dropped` header; docs/shapes.md lists them): `top_k`,
+`thinking` (the budget) and earlier turns' thinking blocks (chat upstreams reject or ignore
+reasoning in a request), `cache_control` marks, `service_tier`, `context_management`, MCP
+servers, a container, server tools (`tools.<type>`: Anthropic runs them, a chat upstream
+cannot), and any field this translation does not know."""
 
 from __future__ import annotations
 
@@ -14,10 +15,29 @@ from typing import Any
 
 import orjson
 
+from ballast.pipeline.context import param_name
 from ballast.pipeline.errors import ApiError, bad_request
 
 MAX_TOKENS_LIMIT = 1 << 24
-_REFUSED = ("mcp_servers", "container", "context_management")
+# The top-level fields the translation reads; any other is dropped and named.
+_READ = frozenset(
+    (
+        "model",
+        "messages",
+        "system",
+        "max_tokens",
+        "stop_sequences",
+        "stream",
+        "temperature",
+        "top_p",
+        "tools",
+        "tool_choice",
+        "metadata",
+        "output_config",
+        "cache",
+        "fallbacks",
+    )
+)
 # Tool types Anthropic runs on its own side (web search, code execution, computer use...):
 # a chat upstream cannot run them. A custom tool has no type, or "custom".
 _CLIENT_TOOL_TYPES = (None, "custom")
@@ -28,39 +48,46 @@ def invalid(field: str, message: str) -> ApiError:
     return bad_request(f"{field}: {message}", field)
 
 
-def to_chat(payload: Any, counting: bool = False) -> dict[str, Any]:
+def to_chat(
+    payload: Any, counting: bool = False, dropped: list[str] | None = None
+) -> dict[str, Any]:
     """The chat payload for an Anthropic request body (already parsed JSON). `counting`:
-    a count_tokens body, which needs no `max_tokens`."""
+    a count_tokens body, which needs no `max_tokens`. What it leaves out is appended to
+    `dropped`, each name once."""
+    if dropped is None:
+        dropped = []
     if not isinstance(payload, dict):
         raise bad_request("The request body must be a JSON object.")
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("model", "Field required" if model is None else "Input should be a string")
     chat: dict[str, Any] = {"model": model}
-    messages = _system(payload.get("system"))
+    messages = _system(payload.get("system"), dropped)
     given = payload.get("messages")
     if not isinstance(given, list):
         raise invalid("messages", "Field required" if given is None else "Input should be a list")
     if not given and not counting:
         raise invalid("messages", "at least one message is required")
     for i, message in enumerate(given):
-        messages.extend(_message(message, f"messages.{i}"))
+        messages.extend(_message(message, f"messages.{i}", dropped))
     chat["messages"] = messages
     if not counting:
         chat["max_tokens"] = _max_tokens(payload.get("max_tokens"))
-    for name in _REFUSED:
-        if payload.get(name) is not None:
-            raise invalid(name, "not supported by this gateway (no chat upstream can honour it)")
+    for name in sorted(payload.keys() - _READ):
+        if payload[name] is not None:
+            _drop(dropped, param_name(name))
     _sampling(payload, chat)
     tools = payload.get("tools")
     if tools is not None:
-        chat["tools"] = _tools(tools)
+        chat["tools"] = _tools(tools, dropped)
+        if not chat["tools"] and tools:
+            del chat["tools"]
     choice = payload.get("tool_choice")
     if choice is not None:
         _tool_choice(choice, chat)
     output = payload.get("output_config")
     if output is not None:
-        _output_config(output, chat)
+        _output_config(output, chat, dropped)
     metadata = payload.get("metadata")
     if metadata is not None:
         if not isinstance(metadata, dict):
@@ -82,11 +109,18 @@ def to_chat(payload: Any, counting: bool = False) -> dict[str, Any]:
     return chat
 
 
-def _output_config(output: Any, chat: dict[str, Any]) -> None:
+def _drop(dropped: list[str], name: str) -> None:
+    if name not in dropped:
+        dropped.append(name)
+
+
+def _output_config(output: Any, chat: dict[str, Any], dropped: list[str]) -> None:
     """A JSON schema for the answer becomes the chat `response_format`; the effort level has
     no chat counterpart every upstream takes, and is left out."""
     if not isinstance(output, dict):
         raise invalid("output_config", "Input should be an object")
+    if output.get("effort") is not None:
+        _drop(dropped, "output_config.effort")
     given = output.get("format")
     if given is None:
         return
@@ -128,7 +162,7 @@ def _sampling(payload: dict[str, Any], chat: dict[str, Any]) -> None:
             chat["stop"] = stops
 
 
-def _system(system: Any) -> list[dict[str, Any]]:
+def _system(system: Any, dropped: list[str]) -> list[dict[str, Any]]:
     if system is None:
         return []
     if isinstance(system, str):
@@ -139,6 +173,8 @@ def _system(system: Any) -> list[dict[str, Any]]:
     for i, block in enumerate(system):
         if not isinstance(block, dict) or block.get("type") != "text":
             raise invalid(f"system.{i}.type", "Input should be 'text'")
+        if "cache_control" in block:
+            _drop(dropped, "cache_control")
         texts.append(_text(block, f"system.{i}"))
     return [{"role": "system", "content": "\n".join(texts)}] if texts else []
 
@@ -152,34 +188,41 @@ def _text(block: dict[str, Any], field: str) -> str:
     return text
 
 
-def _message(message: Any, field: str) -> list[dict[str, Any]]:
+def _message(message: Any, field: str, dropped: list[str]) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: a user turn's tool results become tool
     messages of their own, ahead of what else the turn says."""
     if not isinstance(message, dict):
         raise invalid(field, "Input should be an object")
     role = message.get("role")
-    if role not in ("user", "assistant"):
-        raise invalid(f"{field}.role", "Input should be 'user' or 'assistant'")
+    if role not in ("user", "assistant", "system"):
+        raise invalid(f"{field}.role", "Input should be 'user', 'assistant' or 'system'")
     content = message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise invalid(f"{field}.content", "Input should be a string or a list of blocks")
+    for block in content:
+        if isinstance(block, dict) and "cache_control" in block:
+            _drop(dropped, "cache_control")
+    if role == "system":  # a system turn mid-conversation: its text blocks
+        return _system(content, dropped)
     if role == "assistant":
-        return [_assistant(content, f"{field}.content")]
+        return [_assistant(content, f"{field}.content", dropped)]
     return _user(content, f"{field}.content")
 
 
-def _assistant(blocks: list[Any], field: str) -> dict[str, Any]:
+def _assistant(blocks: list[Any], field: str, dropped: list[str]) -> dict[str, Any]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for i, block in enumerate(blocks):
         kind = _kind(block, f"{field}.{i}")
-        if kind == "text":
+        if kind in ("thinking", "redacted_thinking"):
+            _drop(dropped, kind)  # a chat upstream takes no earlier reasoning
+        elif kind == "text":
             texts.append(_text(block, f"{field}.{i}"))
         elif kind == "tool_use":
             calls.append(_tool_use(block, f"{field}.{i}"))
-        elif kind not in ("thinking", "redacted_thinking"):
+        else:
             raise invalid(
                 f"{field}.{i}.type", f"'{kind[:50]}' is not supported in an assistant turn"
             )
@@ -282,7 +325,7 @@ def _kind(block: Any, field: str) -> str:
     return kind
 
 
-def _tools(tools: Any) -> list[dict[str, Any]]:
+def _tools(tools: Any, dropped: list[str]) -> list[dict[str, Any]]:
     if not isinstance(tools, list):
         raise invalid("tools", "Input should be a list")
     out = []
@@ -290,13 +333,13 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         if not isinstance(tool, dict):
             raise invalid(f"tools.{i}", "Input should be an object")
         if tool.get("type") not in _CLIENT_TOOL_TYPES:
-            raise invalid(
-                f"tools.{i}.type",
-                f"server tool '{str(tool.get('type'))[:50]}' is not supported by this gateway",
-            )
+            _drop(dropped, "tools." + param_name(str(tool.get("type"))))  # a server tool
+            continue
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise invalid(f"tools.{i}.name", "Field required")
+        if "cache_control" in tool:
+            _drop(dropped, "cache_control")
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise invalid(f"tools.{i}.input_schema", "Field required")

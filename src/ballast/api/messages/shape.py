@@ -1,6 +1,18 @@
-"""The Anthropic Messages shape (`POST /v1/messages`): parsed to a chat completion, answered
-as a Message or as Anthropic's stream events, failing in Anthropic's error shape. Keys come
-as Anthropic clients send them: `x-api-key`, or `Authorization: Bearer`."""
+"""The Anthropic Messages shape (`POST /v1/messages`), served one of two ways per deployment
+(`messages: native|bridge`, native by default for `provider: anthropic`):
+
+- native: the client's body goes to the deployment's own `/v1/messages` as it came (only the
+  model name rewritten where the deployment names another, and Ballast's own fields taken
+  out), with the `anthropic-version` and `anthropic-beta` headers it sent, and the answer or
+  events come back untouched (signatures, redacted thinking, cache usage);
+- bridge: the body becomes a chat completion (request.py) and the chat answer or stream
+  becomes a Message or Anthropic's events (answer.py, stream.py); what the translation
+  leaves out is named in `dropped`.
+
+A group mixing both fails over across them before the first byte: the native request
+carries its chat form (`bridge`) for the deployments that are bridged, and the stream's
+translator passes Anthropic's events or translates chat ones, whichever come. Keys come as
+Anthropic clients send them: `x-api-key`, or `Authorization: Bearer`."""
 
 from __future__ import annotations
 
@@ -10,22 +22,26 @@ import orjson
 
 from ballast.api.messages.answer import message_body
 from ballast.api.messages.errors import passthrough, render, stream_event
-from ballast.api.messages.request import to_chat
-from ballast.api.messages.stream import MessagesStream
+from ballast.api.messages.request import invalid, to_chat
+from ballast.api.messages.stream import MessagesStream, NativeStream
+from ballast.config import ModelGroup
 from ballast.pipeline.access import estimate_prompt_tokens
 from ballast.pipeline.asgi import Scope, header
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.duplicate_keys import DuplicateKeys
 from ballast.pipeline.errors import ApiError, bad_request
-from ballast.pipeline.shape import Shape
+from ballast.pipeline.shape import Modes, Resolve, Shape, StreamTranslator
 
-# The fields read before the body is translated (the translation re-encodes the rest).
+# The fields read before the body is translated or forwarded.
 _DUPLICATES = DuplicateKeys(("model", "max_tokens", "stream", "fallbacks", "cache"))
+_NATIVE = frozenset(("native",))
+_BRIDGE = frozenset(("bridge",))
+_OWN = ("fallbacks", "cache")  # Ballast's own fields: never sent upstream
 
 
-def _fallbacks(chat: dict[str, Any]) -> tuple[str, ...]:
-    """Ballast's `fallbacks` field, taken out of the chat body (it is never forwarded)."""
-    given = chat.pop("fallbacks", None)
+def _fallbacks(payload: dict[str, Any]) -> tuple[str, ...]:
+    """Ballast's `fallbacks` field (it is never forwarded)."""
+    given = payload.get("fallbacks")
     if given is None:
         return ()
     if not isinstance(given, list) or not all(isinstance(m, str) for m in given):
@@ -33,27 +49,79 @@ def _fallbacks(chat: dict[str, Any]) -> tuple[str, ...]:
     return tuple(given)
 
 
+def _load(body: bytes) -> dict[str, Any]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise bad_request("We could not parse the JSON body of your request.") from None
+    if not isinstance(payload, dict):
+        raise bad_request("The request body must be a JSON object.")
+    _DUPLICATES.check(body, payload)
+    return payload
+
+
+def _chat(payload: dict[str, Any], counting: bool, dropped: list[str]) -> dict[str, Any]:
+    chat = to_chat(payload, counting, dropped)
+    chat.pop("fallbacks", None)
+    return chat
+
+
 class MessagesShape(Shape):
     name = "anthropic"
     translates = True
+    forwards = (b"anthropic-version", b"anthropic-beta")
+
+    def __init__(self, resolve: Resolve | None = None) -> None:
+        """`resolve`: the model groups now serving (to know their deployments' ways);
+        without it every request is bridged."""
+        self._modes = None if resolve is None else Modes(resolve, lambda d: d.messages_mode)
 
     def parse(self, path: str, body: bytes) -> RequestContext:
-        return self.context(body, counting=False)
+        payload = _load(body)
+        model = payload.get("model")
+        if not isinstance(model, str) or not model:
+            problem = "Field required" if model is None else "Input should be a string"
+            raise invalid("model", problem)
+        stream = payload.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            raise invalid("stream", "Input should be a valid boolean")
+        ctx = RequestContext("/messages", payload, body, model, stream is True)
+        ctx.fallbacks = _fallbacks(payload)
+        return ctx
 
     def context(self, body: bytes, counting: bool) -> RequestContext:
         """The chat request for a Messages body (`counting`: a count_tokens body)."""
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise bad_request("We could not parse the JSON body of your request.") from None
-        if isinstance(payload, dict):
-            _DUPLICATES.check(body, payload)
-        chat = to_chat(payload, counting)
-        fallbacks = _fallbacks(chat)
+        payload = _load(body)
+        fallbacks = _fallbacks(payload)
+        chat = _chat(payload, counting, [])
         raw = orjson.dumps(chat)
         ctx = RequestContext("/chat/completions", chat, raw, chat["model"], "stream" in chat)
         ctx.fallbacks = fallbacks
         return ctx
+
+    def bind(self, ctx: RequestContext, group: ModelGroup) -> None:
+        """Native, bridged or both, now that the model group is known."""
+        payload = ctx.payload
+        modes = _BRIDGE if self._modes is None else self._modes.of(group, ctx.fallbacks)
+        if modes != _NATIVE:
+            dropped: list[str] = []
+            chat = _chat(payload, False, dropped)
+            ctx.dropped = tuple(dropped)
+            if "native" not in modes:
+                ctx.path = "/chat/completions"
+                ctx.payload = chat
+                ctx.raw = orjson.dumps(chat)
+                return
+            bridge = RequestContext("/chat/completions", chat, orjson.dumps(chat), ctx.model, True)
+            bridge.stream = ctx.stream
+            bridge.request_id = ctx.request_id
+            bridge.authorization = ctx.authorization
+            ctx.bridge = bridge
+        ctx.native = True
+        ctx.usage_added = True  # a Messages stream always carries its usage
+        for name in _OWN:
+            if name in payload:
+                ctx.edits[name] = None
 
     def authorization(self, scope: Scope) -> bytes | None:
         key = header(scope, b"x-api-key")
@@ -61,14 +129,20 @@ class MessagesShape(Shape):
             return b"Bearer " + key.strip()
         return header(scope, b"authorization")
 
-    def answer(self, ctx: RequestContext, payload: dict[str, Any]) -> bytes:
+    def answer(self, ctx: RequestContext, payload: dict[str, Any]) -> bytes | None:
+        if ctx.native and payload.get("type") == "message":
+            return None  # the upstream's own Message, as it came
+        chat = ctx.bridge or ctx
         message = message_body(
-            payload, ctx.model, ctx.payload.get("stop"), estimate_prompt_tokens(ctx)
+            payload, ctx.model, chat.payload.get("stop"), estimate_prompt_tokens(chat)
         )
         return orjson.dumps(message)
 
-    def translator(self, ctx: RequestContext) -> MessagesStream:
-        return MessagesStream(ctx.model, ctx.payload.get("stop"), estimate_prompt_tokens(ctx))
+    def translator(self, ctx: RequestContext) -> StreamTranslator:
+        if ctx.native and ctx.bridge is None:
+            return NativeStream()
+        chat = ctx.bridge or ctx
+        return MessagesStream(ctx.model, chat.payload.get("stop"), estimate_prompt_tokens(chat))
 
     def error(self, error: ApiError) -> tuple[int, bytes]:
         return render(error)

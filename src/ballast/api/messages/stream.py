@@ -23,6 +23,31 @@ from ballast.pipeline.errors import ApiError
 from ballast.stream.event import NOT_JSON, StreamEvent
 
 
+class NativeStream:
+    """A native Messages stream passes as the upstream sent it (a `[DONE]` the exchange
+    added to a stream that finished without `message_stop` left out); only the relay's error
+    for a stream broken past healing becomes Anthropic's `error` event."""
+
+    __slots__ = ("ended",)
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def feed(self, events: list[StreamEvent]) -> bytes:
+        if self.ended:
+            return b""
+        return b"".join([e.raw for e in events if not e.done])
+
+    def finish(self) -> bytes:
+        return b""
+
+    def fail(self, error: ApiError) -> bytes:
+        if self.ended:
+            return b""
+        self.ended = True
+        return relay_event(error)
+
+
 class State(enum.Enum):
     WAITING = "waiting"
     OPEN = "open"
@@ -50,6 +75,7 @@ class MessagesStream:
         "_blocks",
         "_finish",
         "_matched",
+        "_native",
         "_out",
         "_tools",
         "_usage",
@@ -71,6 +97,9 @@ class MessagesStream:
         self._finish: Any = None
         self._matched: Any = None
         self._usage: Any = None
+        # Set when the stream came from a native deployment of a mixed group: its events are
+        # Anthropic's already (named; chat events never are) and pass as they are.
+        self._native: NativeStream | None = None
 
     @property
     def ended(self) -> bool:
@@ -80,8 +109,15 @@ class MessagesStream:
         return f"<MessagesStream {self.state.value} blocks={self._blocks}>"
 
     def feed(self, events: list[StreamEvent]) -> bytes:
+        native = self._native
+        if native is not None:
+            return native.feed(events)
         if self.state is State.ENDED:
             return b""
+        if self.state is State.WAITING and any(e.name is not None for e in events):
+            self._native = native = NativeStream()
+            self.state = State.OPEN
+            return native.feed(events)
         out = self._out
         for event in events:
             self._event(event)
@@ -93,7 +129,7 @@ class MessagesStream:
     def finish(self) -> bytes:
         """The chat stream ended: a finished answer is closed; one that never finished and
         had no error event is ended with one (never a truncated success)."""
-        if self.state is State.ENDED:
+        if self._native is not None or self.state is State.ENDED:
             return b""
         if self._finish is None:
             self._fail("api_error", "The upstream stream ended before the answer finished.")
@@ -104,6 +140,8 @@ class MessagesStream:
 
     def fail(self, error: ApiError) -> bytes:
         """The stream broke past healing: it ends with Anthropic's `error` event."""
+        if self._native is not None:
+            return self._native.fail(error)
         if self.state is State.ENDED:
             return b""
         self.state = State.ENDED

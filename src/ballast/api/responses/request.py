@@ -1,12 +1,16 @@
 """A Responses API request as the chat completion the pipeline sends (the bridge). Pure
-translation over plain dicts. What a chat completion cannot honour (stored state, built-in
-tools, background runs, an input item it does not know) is refused with a 400 naming the
-parameter: a client must never get an answer to a request other than the one it made."""
+translation over plain dicts. What would make the answer one to another request than the
+client made (stored state, built-in tools, background runs, an input item it does not know)
+is refused with a 400 naming the parameter. What only shapes how the answer is made or
+shown (a parameter the bridge does not know, `include`, `truncation`, log probabilities,
+context management, earlier reasoning items, tools the provider would run) is left out
+and named in `dropped`, which the client reads in the `x-ballast-dropped` header."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ballast.pipeline.context import param_name
 from ballast.pipeline.errors import ApiError, bad_request
 
 # Fields that need state or machinery a chat completion has not: (name, why).
@@ -16,8 +20,6 @@ _STATEFUL = {
     "conversation": "Ballast keeps no stored conversations; send the whole conversation in"
     " 'input' instead",
     "prompt": "stored prompt templates are not available through Ballast's bridge",
-    "context_management": "server-side context compaction is not available through Ballast's"
-    " bridge",
 }
 # Fields read below, and those whose whole meaning survives without being sent.
 _KNOWN = frozenset(
@@ -50,28 +52,31 @@ _KNOWN = frozenset(
         "prompt_cache_retention",
         "prompt_cache_options",
         "top_logprobs",
+        "context_management",
         *_STATEFUL,
     )
 )
-_REFUSABLE = frozenset((*_STATEFUL, "background", "truncation", "include", "top_logprobs"))
+_REFUSABLE = frozenset(
+    (*_STATEFUL, "background", "truncation", "include", "top_logprobs", "context_management")
+)
 _PASSED = ("temperature", "top_p", "user", "prompt_cache_key", "service_tier")
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TOOL_CHOICES = ("auto", "none", "required")
 
 
-def _refuse(payload: dict[str, Any]) -> None:
-    """A 400 for the first field set to something the bridge cannot honour."""
+def _refuse(payload: dict[str, Any], dropped: list[str]) -> None:
+    """A 400 for the first field set to something the bridge cannot honour; the names of
+    those it can leave out, in `dropped`."""
     for name, why in _STATEFUL.items():
         if payload.get(name) is not None:
             raise unsupported(name, why)
     if payload.get("background"):
         raise unsupported("background", "background responses need a store Ballast does not keep")
     if payload.get("truncation") not in (None, "disabled"):
-        raise unsupported("truncation", "only 'disabled' can be honoured; trim 'input' yourself")
-    if payload.get("include"):
-        raise unsupported("include", "no extra output can be included through the bridge")
-    if payload.get("top_logprobs") is not None:
-        raise unsupported("top_logprobs", "log probabilities are not bridged")
+        dropped.append("truncation")  # the upstream refuses an overlong input instead
+    for name in ("include", "top_logprobs", "context_management"):
+        if payload.get(name):
+            dropped.append(name)
 
 
 def unsupported(param: str, why: str) -> ApiError:
@@ -80,14 +85,17 @@ def unsupported(param: str, why: str) -> ApiError:
     )
 
 
-def to_chat(payload: dict[str, Any]) -> dict[str, Any]:
-    """The chat completion body for a Responses request (`model` kept as given)."""
+def to_chat(payload: dict[str, Any], dropped: list[str] | None = None) -> dict[str, Any]:
+    """The chat completion body for a Responses request (`model` kept as given); what it
+    leaves out is appended to `dropped`."""
+    if dropped is None:
+        dropped = []
     keys = payload.keys()
     unknown = keys - _KNOWN
     if unknown:
-        raise unsupported(min(unknown), "Ballast's Responses bridge does not know this parameter")
+        dropped.extend(sorted({param_name(k) for k in unknown if payload[k] is not None}))
     if not keys.isdisjoint(_REFUSABLE):  # the usual request has none of these
-        _refuse(payload)
+        _refuse(payload, dropped)
     metadata = payload.get("metadata")
     if metadata is not None and not (
         isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
@@ -99,7 +107,7 @@ def to_chat(payload: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(instructions, str):
             raise bad_request("'instructions' must be a string.", "instructions")
         messages.append({"role": "system", "content": instructions})
-    messages.extend(input_messages(payload.get("input")))
+    messages.extend(input_messages(payload.get("input"), dropped))
     chat: dict[str, Any] = {"model": payload["model"], "messages": messages}
     for name in _PASSED:
         if payload.get(name) is not None:
@@ -110,7 +118,9 @@ def to_chat(payload: dict[str, Any]) -> dict[str, Any]:
         chat["max_tokens"] = payload["max_output_tokens"]
     tools = payload.get("tools")
     if tools:
-        chat["tools"] = chat_tools(tools)
+        chat["tools"] = chat_tools(tools, dropped)
+        if not chat["tools"]:
+            del chat["tools"]
         if payload.get("parallel_tool_calls") is not None:
             chat["parallel_tool_calls"] = payload["parallel_tool_calls"]
     if payload.get("tool_choice") is not None:
@@ -123,8 +133,9 @@ def to_chat(payload: dict[str, Any]) -> dict[str, Any]:
     return chat
 
 
-def input_messages(given: Any) -> list[dict[str, Any]]:
-    """`input` (a string, or a list of items) as chat messages."""
+def input_messages(given: Any, dropped: list[str]) -> list[dict[str, Any]]:
+    """`input` (a string, or a list of items) as chat messages; earlier reasoning items,
+    which chat upstreams take no part of, are left out and named."""
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     if not isinstance(given, list) or not given:
@@ -142,7 +153,8 @@ def input_messages(given: Any) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             messages.append(_function_output(item, where))
         elif kind == "reasoning":
-            continue  # the model's earlier thinking: chat upstreams take no such input
+            if "input.reasoning" not in dropped:  # the model's earlier thinking
+                dropped.append("input.reasoning")
         elif kind == "item_reference":
             raise unsupported(f"{where}.type", "item references need stored responses")
         else:
@@ -241,21 +253,22 @@ def _function_output(item: dict[str, Any], where: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": output}
 
 
-def chat_tools(tools: Any) -> list[dict[str, Any]]:
-    """Responses' flat function tools as chat's nested ones; any other kind is refused."""
+def chat_tools(tools: Any, dropped: list[str]) -> list[dict[str, Any]]:
+    """Responses' flat function tools as chat's nested ones. A tool of another kind (one the
+    provider runs, a namespace of tools) is left out and named `tools.<type>`."""
     if not isinstance(tools, list):
         raise bad_request("'tools' must be a list.", "tools")
     out = []
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
-        kind = tool.get("type") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict):
+            raise bad_request(f"'{where}' must be an object.", where)
+        kind = tool.get("type")
         if kind != "function":
-            raise unsupported(
-                f"{where}.type",
-                f"only function tools can be bridged, not {str(kind)[:64]!r}"
-                " (built-in tools run on the provider's side)",
-            )
-        assert isinstance(tool, dict)
+            named = "tools." + param_name(str(kind))
+            if named not in dropped:
+                dropped.append(named)
+            continue
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise bad_request(f"'{where}.name' must be a non-empty string.", f"{where}.name")

@@ -13,7 +13,6 @@ The pipeline, the attempt loop and the relay never know which way a request went
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,13 +25,13 @@ from ballast.config import ModelGroup
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.duplicate_keys import DuplicateKeys
 from ballast.pipeline.errors import ApiError, bad_request
-from ballast.pipeline.shape import Shape, StreamTranslator
+from ballast.pipeline.shape import Modes, Resolve, Shape, StreamTranslator
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.stream.event import StreamEvent, raw
 
-Resolve = Callable[[str], ModelGroup | None]
 _MAX_OUTPUT = 1 << 24
 # The fields read from the body (a native request forwards the client's bytes as they are).
+_NATIVE = frozenset(("native",))
 _DUPLICATES = DuplicateKeys(
     ("model", "stream", "max_output_tokens", "fallbacks", "cache", "background")
 )
@@ -44,7 +43,6 @@ class ResponsesContext(RequestContext):
     body and the id its answer will carry."""
 
     request: dict[str, Any] = field(default_factory=dict)
-    native: bool = False
     response_id: str = ""
     created: int = 0
 
@@ -88,11 +86,8 @@ class ResponsesShape(Shape):
     translates = True
 
     def __init__(self, resolve: Resolve, clock: Clock = SYSTEM_CLOCK) -> None:
-        self._resolve = resolve  # the model groups of the configuration now serving
         self._clock = clock
-        # The way each group is served, decided once per group object (a reloaded
-        # configuration brings new ones); requests naming their own fallbacks decide anew.
-        self._ways: dict[int, tuple[ModelGroup, bool]] = {}
+        self._modes = Modes(resolve, lambda d: d.responses_mode)
 
     def parse(self, path: str, body: bytes) -> RequestContext:
         payload = _load(body)
@@ -119,44 +114,25 @@ class ResponsesShape(Shape):
         """Native or bridged, now that the model group is known (and the key checked)."""
         assert isinstance(ctx, ResponsesContext)
         payload = ctx.request
-        if self._native(group, ctx.fallbacks):
+        if self._modes.of(group, ctx.fallbacks) == _NATIVE:
             ctx.native = True
             ctx.usage_added = True  # a Responses stream always ends with its usage
             if "fallbacks" in payload:
                 ctx.edits["fallbacks"] = None  # Ballast's own field: never forwarded
             return
-        chat = to_chat(payload)
+        dropped: list[str] = []
+        chat = to_chat(payload, dropped)
+        ctx.dropped = tuple(dropped)
         if "cache" in payload:
             chat["cache"] = payload["cache"]  # Ballast's own field, read by the cache
         ctx.path = "/chat/completions"
         ctx.payload = chat
         ctx.raw = orjson.dumps(chat)
 
-    def _native(self, group: ModelGroup, fallbacks: Iterable[str]) -> bool:
-        """Native only when every deployment that may answer speaks Responses itself."""
-        if not fallbacks:
-            known = self._ways.get(id(group))
-            if known is not None and known[0] is group:
-                return known[1]
-        native = self._all_native(group, fallbacks)
-        if not fallbacks:
-            if len(self._ways) >= 4096:
-                self._ways.clear()
-            self._ways[id(group)] = (group, native)
-        return native
-
-    def _all_native(self, group: ModelGroup, fallbacks: Iterable[str]) -> bool:
-        groups = [group]
-        for name in [*group.fallbacks, *fallbacks, *group.context_fallbacks]:
-            found = self._resolve(name)
-            if found is not None:
-                groups.append(found)
-        return all(d.responses_mode == "native" for g in groups for d in g.deployments)
-
-    def answer(self, ctx: RequestContext, payload: dict[str, Any]) -> bytes:
+    def answer(self, ctx: RequestContext, payload: dict[str, Any]) -> bytes | None:
         assert isinstance(ctx, ResponsesContext)
         if ctx.native:
-            return orjson.dumps(payload)
+            return None
         return orjson.dumps(to_response(payload, ctx.request, ctx.response_id, ctx.created))
 
     def translator(self, ctx: RequestContext) -> StreamTranslator:

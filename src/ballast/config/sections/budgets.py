@@ -15,6 +15,17 @@ class ModelPrice(Section):
     cached_input: float | None = Field(
         None, ge=0, description="cached prompt tokens; unset: the input price"
     )
+    cache_write: float | None = Field(
+        None,
+        ge=0,
+        description="prompt tokens written to the provider's cache (Anthropic's 5-minute"
+        " cache); unset: the input price",
+    )
+    cache_write_1h: float | None = Field(
+        None,
+        ge=0,
+        description="prompt tokens written to the provider's 1-hour cache; unset: cache_write",
+    )
     max_output_tokens: int | None = Field(
         None, ge=1, description="the model's longest answer: a budget's worst case"
     )

@@ -20,6 +20,12 @@ class ModelGroup(Section):
     context_fallbacks: list[str] = Field(default_factory=list)
     strategy: Literal["health", "ordered", "weighted"] = "health"
     cache: CacheSettings | None = None
+    strict_params: bool = Field(
+        False,
+        description="refuse (400) a request with a parameter Ballast would have to drop on"
+        " its way to a deployment of another API shape; false: drop it and name it in the"
+        " x-ballast-dropped header, the request log and a metric",
+    )
 
     @property
     def is_wildcard(self) -> bool:

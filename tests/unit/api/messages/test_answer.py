@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ballast.api.messages.answer import message_body, usage_of
+from ballast.api.messages.answer import message_body, message_id, usage_of
 
 
 def answer(message: dict[str, Any], finish: str = "stop", **extra: Any) -> dict[str, Any]:
@@ -63,3 +63,9 @@ def test_cached_prompt_tokens_are_counted_apart() -> None:
     }
     assert usage_of(usage) == {"input_tokens": 6, "output_tokens": 2, "cache_read_input_tokens": 4}
     assert usage_of(None, 5) == {"input_tokens": 5, "output_tokens": 0}
+
+
+def test_the_message_id_is_made_once() -> None:
+    assert message_id("chatcmpl-abc") == "msg_abc"
+    assert message_id("msg_01XYZ") == "msg_01XYZ"  # an Anthropic deployment's own, not msg_msg_
+    assert message_id(None) == "msg_ballast"

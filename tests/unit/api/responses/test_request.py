@@ -96,14 +96,8 @@ def test_tools_choice_format_reasoning_and_stream_are_translated() -> None:
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"background": True}, "background"),
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
-        ({"tools": [{"type": "file_search", "vector_store_ids": []}]}, "tools[0].type"),
-        ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools[0].type"),
         ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "input[0].type"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
-        ({"include": ["reasoning.encrypted_content"]}, "include"),
-        ({"truncation": "auto"}, "truncation"),
-        ({"frobnicate": 1}, "frobnicate"),
     ],
 )
 def test_what_cannot_be_honoured_is_a_400_naming_the_parameter(
@@ -114,6 +108,43 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_parameter(
     assert caught.value.status == 400
     assert caught.value.param == param
     assert orjson.loads(caught.value.body())["error"]["param"] == param
+
+
+def test_what_only_shapes_the_answer_is_dropped_and_named_never_refused() -> None:
+    dropped: list[str] = []
+    chat = to_chat(
+        {
+            "model": "m",
+            "input": [
+                {"type": "reasoning", "summary": [], "encrypted_content": "gAAA"},
+                {"role": "user", "content": "x"},
+            ],
+            "include": ["reasoning.encrypted_content"],
+            "truncation": "auto",
+            "client_metadata": {"x-codex-installation-id": "i"},
+            "context_management": [{"type": "compaction"}],
+            "frobnicate": 1,
+            "unset": None,
+            "tools": [
+                {"type": "function", "name": "f", "parameters": {"type": "object"}},
+                {"type": "web_search"},
+                {"type": "namespace", "name": "agents", "tools": []},
+            ],
+        },
+        dropped,
+    )
+    assert chat["messages"] == [{"role": "user", "content": "x"}]
+    assert [t["function"]["name"] for t in chat["tools"]] == ["f"]
+    assert dropped == [
+        "client_metadata",
+        "frobnicate",
+        "truncation",
+        "include",
+        "context_management",
+        "input.reasoning",
+        "tools.web_search",
+        "tools.namespace",
+    ]
 
 
 @pytest.mark.parametrize(

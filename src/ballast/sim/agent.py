@@ -1,0 +1,134 @@
+"""What the simulator does for coding agents, as strictly as the providers do where agents
+depend on it: thinking blocks signed, and a tool turn refused without its signed thinking
+block (Anthropic's rules); with `store: false`, a reasoning model's tool call refused without
+the encrypted reasoning item that came with it (OpenAI's). A gateway that loses either fails
+here as it would in production. And the `agent` shape's one tool loop: call a tool the
+request offers, then answer once its result is back."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from typing import Any
+
+THINKING_TEXT = "thinking (sim)"
+_KEY = b"ballast-sim-thinking"  # the simulator's own: signatures mean "this sim made it"
+
+
+def sign(thinking: str) -> str:
+    """The signature of a thinking block's text, as the simulator makes and checks it."""
+    digest = hmac.new(_KEY, thinking.encode(), hashlib.sha256).digest()
+    return base64.b64encode(digest).decode()
+
+
+def thinks(body: dict[str, Any]) -> bool:
+    """Whether the request turns extended thinking on."""
+    thinking = body.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+
+
+def thinking_problem(body: dict[str, Any]) -> str | None:
+    """Anthropic's refusal of a conversation whose thinking blocks do not hold: a signature
+    this simulator did not make, or (thinking on) a final assistant turn that calls a tool
+    without opening with its thinking block. None when it holds."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    last_assistant = None
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        last_assistant = (i, content)
+        for j, block in enumerate(content):
+            if isinstance(block, dict) and block.get("type") == "thinking":
+                text, signature = block.get("thinking"), block.get("signature")
+                if not isinstance(text, str) or signature != sign(text):
+                    return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+    if not thinks(body) or last_assistant is None:
+        return None
+    i, content = last_assistant
+    kinds = [b.get("type") for b in content if isinstance(b, dict)]
+    if "tool_use" in kinds and kinds[0] not in ("thinking", "redacted_thinking"):
+        return (
+            f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but"
+            f" found `{kinds[0]}`. When `thinking` is enabled, a final `assistant` message"
+            " must start with a thinking block"
+        )
+    return None
+
+
+def tool_result_back(body: dict[str, Any]) -> bool:
+    """Whether the last user turn carries a tool's result (the agent's loop came round)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return False
+    content = messages[-1].get("content")
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+    )
+
+
+def agent_call(body: dict[str, Any], name: str, value: str) -> dict[str, Any] | None:
+    """The input of a call to the offered tool `name`: each required string property set
+    to `value`. None when the request offers no such tool."""
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict) and tool.get("name") == name:
+            schema = tool.get("input_schema")
+            schema = schema if isinstance(schema, dict) else {}
+            required = schema.get("required")
+            properties = schema.get("properties")
+            properties = properties if isinstance(properties, dict) else {}
+            return {
+                key: value
+                for key in (required if isinstance(required, list) else ())
+                if isinstance(properties.get(key), dict) and properties[key].get("type") == "string"
+            }
+    return None
+
+
+def encrypted_reasoning(number: int) -> str | None:
+    """The opaque `encrypted_content` of answer `number`'s reasoning item."""
+    return sign(f"rs_sim{number}")
+
+
+def wants_encrypted_reasoning(body: dict[str, Any]) -> bool:
+    """A reasoning request that keeps no state (`store: false`) and asks for its reasoning
+    back encrypted, as Codex does."""
+    include = body.get("include")
+    return (
+        body.get("store") is False
+        and isinstance(body.get("reasoning"), dict)
+        and isinstance(include, list)
+        and "reasoning.encrypted_content" in include
+    )
+
+
+def reasoning_problem(body: dict[str, Any]) -> str | None:
+    """OpenAI's refusal of a stateless conversation that sends back this simulator's tool
+    call without the encrypted reasoning item it came with (or with one altered)."""
+    given = body.get("input")
+    if body.get("store") is not False or not isinstance(given, list):
+        return None
+    carried = {
+        item.get("encrypted_content")
+        for item in given
+        if isinstance(item, dict) and item.get("type") == "reasoning"
+    }
+    for item in given:
+        if not isinstance(item, dict) or item.get("type") != "function_call":
+            continue
+        call_id = item.get("call_id")
+        if not isinstance(call_id, str) or not call_id.startswith("call_sim_r"):
+            continue  # not a call this simulator made with reasoning
+        number = call_id.removeprefix("call_sim_r")
+        if not number.isdigit() or encrypted_reasoning(int(number)) not in carried:
+            return (
+                f"Item with call_id '{call_id}' of type 'function_call' was provided without"
+                f" its required 'reasoning' item: 'rs_sim{number}'."
+            )
+    return None
