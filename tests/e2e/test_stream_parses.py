@@ -1,7 +1,7 @@
 """Each event of a relayed stream is parsed once, however many parts of the gateway read it
 (the stream's state and clocks, the usage filter, the cache's recorder, a shape's
 translator), on every shape a stream can be asked in: chat (plain, and kept by the cache),
-Messages, Responses bridged to chat and Responses served natively.
+Messages bridged to chat and served natively, Responses bridged to chat and served natively.
 
 Every JSON parse in the process is watched while the stream runs; the parses of the
 upstream's events are counted, each event's data by its bytes (the simulator's events all
@@ -22,6 +22,8 @@ from tests.e2e.test_routing import MESSAGES, client, config, full, ordered
 from tests.stack import Gateway, Stack, deployment, group
 
 TOKENS = 24
+# The starts of the upstream's typed events: Responses', and Messages' token deltas.
+_TYPED = (b'{"type":"response.', b'{"type":"content_block_delta"')
 
 
 @pytest.fixture
@@ -33,7 +35,7 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[bytes]]:
     def counting(data: Any) -> Any:
         if isinstance(data, bytes | bytearray | memoryview):
             text = bytes(data).strip()
-            if b'"chat.completion.chunk"' in text or text.startswith(b'{"type":"response.'):
+            if b'"chat.completion.chunk"' in text or text.startswith(_TYPED):
                 seen[text] += 1
         return loads(data)
 
@@ -46,10 +48,13 @@ def _chat(gateway: Gateway) -> str:
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
-def _messages(gateway: Gateway) -> str:
-    api = anthropic.Anthropic(base_url=gateway.url, api_key="sk-client", max_retries=0)
-    with api.messages.stream(model="chat", max_tokens=100, messages=MESSAGES) as stream:
-        return "".join(stream.text_stream)
+def _messages(model: str) -> Callable[[Gateway], str]:
+    def run(gateway: Gateway) -> str:
+        api = anthropic.Anthropic(base_url=gateway.url, api_key="sk-client", max_retries=0)
+        with api.messages.stream(model=model, max_tokens=100, messages=MESSAGES) as stream:
+            return "".join(stream.text_stream)
+
+    return run
 
 
 def _responses(model: str) -> Callable[[Gateway], str]:
@@ -65,7 +70,8 @@ def _responses(model: str) -> Callable[[Gateway], str]:
 SHAPES: dict[str, Callable[[Gateway], str]] = {
     "chat": _chat,
     "chat-kept-by-the-cache": _chat,
-    "messages": _messages,
+    "messages": _messages("chat"),
+    "messages-native": _messages("claude"),
     "responses-bridged": _responses("chat"),
     "responses-native": _responses("native"),
 }
@@ -80,6 +86,10 @@ def test_each_relayed_event_is_parsed_once(
     models = [
         ordered("chat", deployment("a", sim, "m"), **extra),
         group("native", deployment("n", sim, model="sim-native", responses="native")),
+        group(
+            "claude",
+            {**deployment("c", sim, model="sim-claude", provider="anthropic"), "url": sim.url},
+        ),
     ]
     gateway = stack.gateway(config(*models))
     parses.clear()  # what starting the gateway parsed is not the stream's
