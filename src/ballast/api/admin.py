@@ -338,6 +338,9 @@ class Admin:
             body["fleet"] = await self.fleet.announce(action, {"deployment": dep_id})
         else:
             self._set_drained(dep_id, drained)
+        fleet_health = getattr(self.app, "fleet_health", None)
+        if fleet_health is not None:
+            fleet_health.drained(dep_id, drained)  # for the instances that start later
         body["breaker"] = target.breaker.state.value
         await send_bytes(send, 200, [JSON], orjson.dumps(body))
 

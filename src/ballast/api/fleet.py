@@ -34,6 +34,7 @@ from ballast.config import FleetSettings
 from ballast.resilience.deadline import Deadline
 from ballast.state.commands import CHANNEL, Command, CommandLog
 from ballast.state.hub import StateHub
+from ballast.state.pubsub import listen
 from ballast.state.store import StoreUnavailable
 
 log = logging.getLogger("ballast.fleet")
@@ -196,37 +197,25 @@ class Fleet:
     # -- every instance -----------------------------------------------------------------
 
     async def _subscribe(self, url: str) -> None:
-        """Pub/sub on a connection of its own (the store's calls have tight timeouts that
-        an idle subscription would trip); reconnects after a pause when Redis goes away."""
-        import redis.asyncio as redis_asyncio
+        await listen(
+            url,
+            CHANNEL,
+            self.clock,
+            self._on_message,
+            self._on_subscribed,
+            self.settings.resubscribe,
+        )
 
-        while True:
-            client = redis_asyncio.Redis.from_url(
-                url, socket_connect_timeout=1.0, health_check_interval=5
-            )
-            try:
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                await pubsub.subscribe(CHANNEL)
-                self.subscribed = True
-                while True:
-                    message = await pubsub.get_message(timeout=1.0)
-                    if message is not None and message.get("type") == "message":
-                        try:
-                            await self.apply(Command.loads(message["data"]))
-                        except ValueError as exc:
-                            log.warning("ignored a message on %s: %s", CHANNEL, exc)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if self.subscribed:
-                    log.warning(
-                        "admin channel lost (%s); polling the command log", type(exc).__name__
-                    )
-                self.subscribed = False
-                await self.clock.sleep(1.0)
-            finally:
-                with contextlib.suppress(Exception):
-                    await client.aclose()
+    async def _on_message(self, data: bytes) -> None:
+        try:
+            await self.apply(Command.loads(data))
+        except ValueError as exc:
+            log.warning("ignored a message on %s: %s", CHANNEL, exc)
+
+    async def _on_subscribed(self, subscribed: bool) -> None:
+        if not subscribed:
+            log.warning("admin channel lost; polling the command log")
+        self.subscribed = subscribed
 
     async def _poll(self) -> None:
         while True:
