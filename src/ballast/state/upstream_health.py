@@ -197,7 +197,7 @@ def _commands(verdict: Verdict) -> list[Command]:
 
 def _verdicts(deployments: list[str], replies: list[Any]) -> list[Verdict]:
     drained = {m.decode() if isinstance(m, bytes) else str(m) for m in replies[0] or ()}
-    found = [Verdict(dep, DRAINED_NOW) for dep in sorted(drained)]
+    found = [Verdict(dep, DRAINED_NOW) for dep in deployments if dep in drained]
     for i, dep in enumerate(deployments):
         open_ms, cool_ms = replies[1 + 2 * i], replies[2 + 2 * i]
         if isinstance(open_ms, int) and open_ms > 0:
