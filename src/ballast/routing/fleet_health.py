@@ -7,10 +7,11 @@ drain. What comes in can only make this worker more careful, and ends by itself:
 - a failure elsewhere counts toward this breaker's threshold (a success here resets it), so
   a dead deployment costs the fleet about `failure_threshold` failures, not that many per
   worker;
-- a breaker opened elsewhere opens this one for as long, plus `hold`: the worker that opened
-  it first is the first to try it again, and the others, whose background probes share one
-  lease, wait for its word; should it never come (the process died), the hold runs out and
-  each goes by itself again;
+- a breaker opened elsewhere opens this one for as long, plus `hold`; while background
+  probes (one at a time in the fleet, by their lease) find the deployment still down, every
+  breaker is held open past the next probe, so the way back is that one probe and not a live
+  request on every worker whose open time ran out; should the probes stop (the prober's
+  process died, Redis went away) the holds run out and each worker goes by itself again;
 - a cooldown elsewhere is a cooldown here;
 - a breaker closed elsewhere (a probe or a live request found the deployment answering)
   closes this one: the one verdict that loosens, and it is an answer, not a guess.
@@ -63,13 +64,26 @@ class FleetHealth:
     def transition(self, target: Target, state: BreakerState) -> None:
         if self._hearing:
             return
-        origin = self.shared.origin
         if state is BreakerState.OPEN:
-            cool = max(0.0, target.cooling_until - self.clock.monotonic())
-            opened = target.breaker.retry_after()
-            self.shared.tell(Verdict(target.id, OPENED, opened, min(cool, opened), origin))
+            self._tell_open(target)
         elif state is BreakerState.CLOSED:
-            self.shared.tell(Verdict(target.id, CLOSED, origin=origin))
+            self.shared.tell(Verdict(target.id, CLOSED, origin=self.shared.origin))
+
+    def probe_failed(self, target: Target, interval: float) -> None:
+        """A background probe (one at a time in the fleet, by its lease) found it still
+        down: every breaker stays open past the next probe, so recovery is found by that
+        one probe and not by a live request on each worker whose open time ran out. Alone
+        (Redis out of reach), the breaker's own half-open trial stays the way back."""
+        if not self.shared.connected:
+            return
+        target.breaker.force_open(interval + self.hold)
+        self._tell_open(target)
+
+    def _tell_open(self, target: Target) -> None:
+        cool = max(0.0, target.cooling_until - self.clock.monotonic())
+        opened = target.breaker.retry_after()
+        origin = self.shared.origin
+        self.shared.tell(Verdict(target.id, OPENED, opened, min(cool, opened), origin))
 
     def drained(self, deployment: str, drained: bool) -> None:
         """An operator drained (or enabled) it: kept for instances that start later."""

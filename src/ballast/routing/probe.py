@@ -51,6 +51,7 @@ class Prober:
         clock: Clock,
         on_event: Callable[[str, dict[str, Any]], None],
         gate: ProbeGate | None = None,
+        on_failed_probe: Callable[[Target, float], None] | None = None,
     ) -> None:
         breaker = settings.routing.breaker
         self.interval = breaker.probe_interval
@@ -60,6 +61,7 @@ class Prober:
         self.clock = clock
         self.on_event = on_event
         self.gate = gate
+        self.on_failed_probe = on_failed_probe  # (target, the interval to the next probe)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._running = False  # between the router's start and close
 
@@ -116,6 +118,8 @@ class Prober:
                 interval = self.interval  # a short outage: its end is seen within an interval
             else:
                 interval = min(interval * 2, self.max_interval)
+            if outcome == "failed" and self.on_failed_probe is not None:
+                self.on_failed_probe(target, interval)
 
     def _needs_probe(self, target: Target) -> bool:
         """Open; or half-open, or closed but penalised for its errors, while no live request

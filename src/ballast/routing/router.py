@@ -40,7 +40,7 @@ class Router:
         self.shared_handles = shared_handles
         self.probe_gate = probe_gate
         self.fleet_health = fleet_health  # shared with later generations, like the gate
-        self.prober = Prober(settings, clock, self._event, probe_gate)
+        self.prober = Prober(settings, clock, self._event, probe_gate, self._on_failed_probe)
         self.deployments = Targets(
             settings, clock, self.rng, self._event, sessions, shared_handles, self._on_state
         )
@@ -68,6 +68,10 @@ class Router:
             self.prober.watch(target)
         if self.fleet_health is not None:
             self.fleet_health.transition(target, state)
+
+    def _on_failed_probe(self, target: Target, interval: float) -> None:
+        if self.fleet_health is not None:
+            self.fleet_health.probe_failed(target, interval)
 
     def _on_health_failure(self, target: Target) -> None:
         self.prober.watch(target)

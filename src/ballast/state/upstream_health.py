@@ -101,6 +101,11 @@ class SharedHealth:
                 await task
         self._tasks = []
 
+    @property
+    def connected(self) -> bool:
+        """Verdicts travel both ways now: subscribed, and Redis's breaker closed."""
+        return self.subscribed and self.store.healthy
+
     # -- telling ------------------------------------------------------------------------
 
     def tell(self, verdict: Verdict) -> None:

@@ -40,6 +40,7 @@ class Loopback(SharedHealth):
         super().__init__(RedisStore("redis://127.0.0.1:9/0", StateSettings()), "", clock, name)
         self.everyone = everyone
         self.told: list[Verdict] = []
+        self.subscribed = True
         everyone.append(self)
 
     def tell(self, verdict: Verdict) -> None:
@@ -171,3 +172,22 @@ def test_a_drain_is_kept_for_later_instances_and_applied_when_read(workers: list
     assert two.target.drained  # as an instance that reads it at its start
     health.drained("a", False)
     assert not two.target.drained
+
+
+def test_a_failed_background_probe_holds_every_breaker_past_the_next_probe(
+    workers: list[Worker], clock: ManualClock
+) -> None:
+    one, two, _ = workers
+    for _ in range(3):
+        one.fail()
+    health = two.router.fleet_health
+    assert health is not None
+    clock.advance(4)
+    health.probe_failed(two.target, 2.0)  # two holds the fleet's probe lease
+    assert two.target.breaker.retry_after() == pytest.approx(2 + HOLD)
+    assert one.target.breaker.retry_after() == pytest.approx(2 + 2 * HOLD)
+    clock.advance(2)
+    assert one.target.breaker.state is OPEN  # its own open time is over: no live trial
+    two.shared.subscribed = False  # Redis out of reach: on its own again
+    health.probe_failed(two.target, 2.0)
+    assert two.target.breaker.retry_after() == pytest.approx(HOLD)
