@@ -97,6 +97,7 @@ class Admin:
         generation = app.generation
         targets = generation.router.targets.values()
         fleet = self.fleet
+        fleet_health = getattr(app, "fleet_health", None)
         return {
             "worker": fleet.worker if fleet is not None else str(os.getpid()),
             "instance": fleet.instance if fleet is not None else "",
@@ -109,6 +110,7 @@ class Admin:
             "commands_applied": fleet.applied if fleet is not None else 0,
             "drained": sorted(t.id for t in targets if t.drained),
             "breakers": {t.id: t.breaker.state.value for t in targets},
+            "health_shared": fleet_health is not None and fleet_health.shared.connected,
             "models": [g.name for g in generation.settings.models],
             "rss_bytes": process_stats().get("rss_bytes"),
         }
