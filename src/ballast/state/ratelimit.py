@@ -128,6 +128,15 @@ class RateLimiter(RedisSide, LocalSide):
         self._id_prefix = os.urandom(6).hex() + ":"
         self.fallbacks = 0  # acquires that took the local limiter because Redis could not
 
+    @property
+    def instances(self) -> int:
+        return self._instances
+
+    def set_instances(self, count: int) -> None:
+        """How many instances share the limits now (the fleet counts them): the share each
+        enforces alone while Redis is out of reach."""
+        self._instances = max(1, count)
+
     # -- acquire -----------------------------------------------------------------------
 
     async def acquire(self, limits: Limits, estimated_tokens: int) -> Lease:
