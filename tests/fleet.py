@@ -8,6 +8,7 @@ import contextlib
 import functools
 import http.client
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.e2e.test_workers import workers
@@ -65,6 +67,16 @@ http {{
 """
 
 
+def nginx_binary() -> str:
+    """Debian's nginx; without it a test is skipped locally and fails on CI."""
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else "")
+    if found:
+        return found
+    if os.environ.get("CI") is not None:
+        pytest.fail("nginx is not installed", pytrace=False)
+    pytest.skip("nginx is not installed")
+
+
 class Machine:
     """`instances` Ballast instances of two workers each behind one nginx port."""
 
@@ -90,7 +102,7 @@ class Machine:
         prefix.mkdir()
         conf = prefix / "nginx.conf"
         conf.write_text(nginx_config(prefix, self.port, self.ports))
-        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        binary = nginx_binary()
         self.nginx = subprocess.Popen(
             [binary, "-c", str(conf), "-p", str(prefix), "-e", str(prefix / "error.log")],
             stdout=subprocess.DEVNULL,
@@ -160,6 +172,7 @@ def _status(port: int, path: str) -> int:
 
 @contextlib.contextmanager
 def machine(folder: Path, config: dict[str, Any], instances: int) -> Iterator[Machine]:
+    nginx_binary()
     fleet = Machine(folder, config, instances)
     try:
         fleet.start()
