@@ -256,7 +256,7 @@ class Fleet:
         """The instances whose workers beat lately share the rate limits: each enforces its
         share of a limit when Redis is out of reach. Counted here, the number needs no
         configuring (it changes with autoscaling and during a rollout); the configured
-        `state.instances` holds until Redis has said."""
+        `state.instances` is the floor."""
         live = 0
         for stamp in flat[1::2]:
             try:

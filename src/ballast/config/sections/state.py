@@ -41,8 +41,8 @@ class StateSettings(Section):
     instances: int = Field(
         1,
         ge=1,
-        description="instances sharing the limits (each enforces its share while Redis is"
-        " down), until the fleet's heartbeats in Redis have counted them",
+        description="the fewest instances assumed to share the limits (each enforces its share"
+        " while Redis is down); the fleet's heartbeats in Redis count more as they come",
     )
     ratelimit_release_delay: float = Field(
         0.05, ge=0, description="longest a finished request's Redis release waits to be sent"
