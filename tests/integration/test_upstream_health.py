@@ -6,16 +6,25 @@ for."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ballast.config import StateSettings
 from ballast.resilience.clock import SYSTEM_CLOCK
+from ballast.sim.server import SimServer
 from ballast.state.store import RedisStore
 from ballast.state.upstream_health import CLOSED, DRAINED_NOW, FAILED, OPENED, SharedHealth, Verdict
+from tests.e2e.test_fleet import _within
+from tests.integration.test_state_resilience import MASTER, proxy_for
+from tests.integration.test_state_resilience import config as resilience_config
+from tests.stack import Gateway, Stack, deployment, group, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -114,3 +123,63 @@ async def test_without_redis_verdicts_are_dropped_at_no_cost(dep: str) -> None:
         assert await worker.shared.current([dep]) == []
     finally:
         await worker.close()
+
+
+def gateway_config(
+    sim: SimServer, tmp_path: Path, name: str, redis: str, models: list[dict[str, Any]]
+) -> dict[str, Any]:
+    config = resilience_config(sim, tmp_path, name, redis_url=redis)
+    config["models"] = models
+    config["routing"] = {"max_retry_after_wait": 0}
+    return config
+
+
+def chat(gateway: Gateway, model: str) -> int:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    request = urllib.request.Request(
+        gateway.url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"authorization": f"Bearer {MASTER}", "content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return int(response.status)
+
+
+def test_with_redis_blackholed_each_gateway_goes_alone_and_sharing_resumes(
+    stack: Stack, redis_url: str, tmp_path: Path
+) -> None:
+    """Two gateways sharing a Redis behind a fault proxy. Blackholed: a cooldown one of them
+    sees stays its own, and its request waits for nothing. Back: the next one is shared at
+    once."""
+    proxy, port = proxy_for(stack, redis_url)
+    limited, other, spare = stack.sim(), stack.sim(), stack.sim()
+    run = uuid.uuid4().hex[:8]
+    a, c = f"a-{run}", f"c-{run}"
+
+    def ordered(name: str, dep: str, sim: SimServer) -> dict[str, Any]:
+        first, second = deployment(dep, sim, "m"), deployment(f"{dep}-spare", spare, "m")
+        return group(name, first, second, strategy="ordered")
+
+    models = [ordered("first", a, limited), ordered("second", c, other)]
+    redis = f"redis://127.0.0.1:{port}/0"
+    one, two = (stack.gateway(gateway_config(spare, tmp_path, n, redis, models)) for n in "12")
+
+    def sharing() -> bool:
+        return all(g.app.fleet_health and g.app.fleet_health.shared.connected for g in (one, two))
+
+    wait_for(sharing, timeout=10)
+    stack.thread.loop.call_soon_threadsafe(proxy.blackhole)
+    stack.set_behaviour(limited, "429?retry_after=20")
+    started = time.monotonic()
+    assert chat(one, "first") == 200  # the spare answered
+    assert time.monotonic() - started < 1.0
+    assert one.router.targets[a].breaker.state.value == "open"
+    time.sleep(0.5)
+    assert two.router.targets[a].breaker.state.value == "closed"  # alone: not heard
+
+    stack.thread.loop.call_soon_threadsafe(proxy.passthrough)
+    wait_for(sharing, timeout=10)
+    stack.set_behaviour(other, "429?retry_after=20")
+    assert chat(two, "second") == 200
+    took = _within(lambda: one.router.targets[c].breaker.state.value == "open", 2.0)
+    assert took < 1.0
