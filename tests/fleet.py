@@ -7,23 +7,30 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.client
+import itertools
 import json
 import os
 import shutil
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from ballast.sim.server import SimServer
 from tests.e2e.test_workers import workers
-from tests.stack import free_port, serve, wait_for
+from tests.stack import Stack, deployment, free_port, serve, wait_for
 
 MASTER = "sk-fleet-master-0123456789"
+THRESHOLD = 3  # the deployments' failure_threshold
+LATENCY = 0.2  # each answer of the broken deployment takes this long: overlaps would show
+_ids = itertools.count()
 
 
 def nginx_config(prefix: Path, port: int, instances: list[int]) -> str:
@@ -113,11 +120,13 @@ class Machine:
         wait_for(lambda: _status(self.port, "/health") == 200, timeout=10)
 
     def started(self, process: subprocess.Popen[bytes], port: int) -> bool:
-        """Both workers of the instance on `port` are ready and hear the fleet's health."""
+        """Both workers of the instance on `port` are ready and, where it is shared, hear the
+        fleet's upstream health."""
         if len(workers(process.pid)) != 2:
             return False
         own = self.workers(port)
-        return len(own) == 2 and all(w["ready"] and w["health_shared"] for w in own)
+        sharing = self.config.get("fleet", {}).get("share_health", True)
+        return len(own) == 2 and all(w["ready"] and w["health_shared"] == sharing for w in own)
 
     def workers(self, port: int) -> list[dict[str, Any]]:
         """The instance's own workers, asked live over its sockets (not from heartbeats)."""
@@ -184,3 +193,90 @@ def machine(folder: Path, config: dict[str, Any], instances: int) -> Iterator[Ma
 def settle(seconds: float) -> None:
     """Real time passing on the fleet's processes (their clocks are their own)."""
     time.sleep(seconds)
+
+
+class Upstreams:
+    """The simulators the fleet's deployments point at (in this process)."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.limited = stack.sim("429?retry_after=20", name="limited")
+        self.dead = stack.sim("500", name="dead")
+        self.healthy = stack.sim("ok?tokens=2", name="healthy")
+        # Deployment ids of this run's own: what the fleet shares outlives it in Redis.
+        run = uuid.uuid4().hex[:8]
+        self.ids = {name: f"{name}-{run}" for name in ("limited", "dead", "spare-1", "spare-2")}
+
+    def attempts(self, sim: SimServer) -> list[dict[str, Any]]:
+        return self.stack.attempts(sim)
+
+
+def fleet_config(
+    up: Upstreams, redis_url: str, database_url: str, share_health: bool = True
+) -> dict[str, Any]:
+    """Two model groups, each a broken deployment first and a healthy spare after it."""
+
+    def ordered(name: str, sim: SimServer, spare: str) -> dict[str, Any]:
+        first = deployment(up.ids[name], sim, "m")
+        spare_dep = deployment(up.ids[spare], up.healthy, "m")
+        return {"name": name, "strategy": "ordered", "deployments": [first, spare_dep]}
+
+    return {
+        "server": {"master_key": MASTER},
+        "fleet": {"share_health": share_health},
+        "state": {"redis_url": redis_url, "database_url": database_url},
+        "routing": {
+            "max_retry_after_wait": 0,
+            "breaker": {
+                "failure_threshold": THRESHOLD,
+                "failure_rate": None,
+                "open_time": 2,
+                "probe_interval": 0.5,
+                "max_probe_interval": 0.5,
+                "probe_timeout": 2,
+            },
+        },
+        "models": [
+            ordered("limited", up.limited, "spare-1"),
+            ordered("dead", up.dead, "spare-2"),
+        ],
+    }
+
+
+def load(port: int, model: str, count: int, concurrency: int = 4, pause: float = 0.1) -> list[int]:
+    """`count` chat requests through nginx from `concurrency` clients, each pausing `pause`
+    after each answer, their starts spread over one pause: traffic that reaches every worker,
+    without all of it in flight at the moment of the first verdict (requests already sent
+    then are bounded by the concurrency, not by what the fleet shares). Their statuses. Each
+    carries a request id, which the simulator logs: the attempts without one are probes."""
+
+    def client(k: int) -> list[int]:
+        time.sleep(k * pause / concurrency)
+        statuses = []
+        for _ in range(k, count, concurrency):
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+            rid = {"x-request-id": f"client-{next(_ids)}"}
+            statuses.append(request(port, "POST", "/v1/chat/completions", body, rid)[0])
+            time.sleep(pause)
+        return statuses
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return [s for statuses in pool.map(client, range(concurrency)) for s in statuses]
+
+
+def from_clients(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [a for a in attempts if str(a["headers"].get("x-request-id", "")).startswith("client-")]
+
+
+def cooldown_attempts(fleet: Machine, up: Upstreams) -> tuple[list[int], int]:
+    """40 requests while the limited deployment answers 429 with `Retry-After: 20`: their
+    statuses, and how many reached it."""
+    statuses = load(fleet.port, "limited", 40)
+    return statuses, len(up.attempts(up.limited))
+
+
+def dead_attempts(fleet: Machine, up: Upstreams) -> tuple[list[int], int]:
+    """30 requests while the dead deployment answers 500: their statuses, and how many
+    failed attempts of the clients' it cost."""
+    statuses = load(fleet.port, "dead", 30)
+    return statuses, len(from_clients(up.attempts(up.dead)))
