@@ -143,6 +143,14 @@ class Machine:
         """The deployment's breaker on every worker of every instance."""
         return [w["breakers"].get(deployment, "?") for p in self.ports for w in self.workers(p)]
 
+    def kill(self, index: int) -> None:
+        """kill -9 of one instance: its supervisor and its workers at once."""
+        process = self.processes[index]
+        for pid in [*workers(process.pid), process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
     def stop(self) -> None:
         if self.nginx is not None:
             self.nginx.send_signal(signal.SIGQUIT)
@@ -167,7 +175,9 @@ def request(
         connection.request(method, path, data, {**sent, **(headers or {})})
         response = connection.getresponse()
         raw = response.read()
-        return response.status, json.loads(raw) if raw else None
+        if response.getheader("content-type", "").startswith("application/json"):
+            return response.status, json.loads(raw)
+        return response.status, raw.decode(errors="replace")  # nginx's own error page
     finally:
         connection.close()
 
@@ -205,7 +215,9 @@ class Upstreams:
         self.healthy = stack.sim("ok?tokens=2", name="healthy")
         # Deployment ids of this run's own: what the fleet shares outlives it in Redis.
         run = uuid.uuid4().hex[:8]
-        self.ids = {name: f"{name}-{run}" for name in ("limited", "dead", "spare-1", "spare-2")}
+        self.ids = {
+            name: f"{name}-{run}" for name in ("limited", "dead", "spare-1", "spare-2", "steady")
+        }
 
     def attempts(self, sim: SimServer) -> list[dict[str, Any]]:
         return self.stack.attempts(sim)
@@ -239,6 +251,7 @@ def fleet_config(
         "models": [
             ordered("limited", up.limited, "spare-1"),
             ordered("dead", up.dead, "spare-2"),
+            {"name": "steady", "deployments": [deployment(up.ids["steady"], up.healthy, "m")]},
         ],
     }
 

@@ -8,6 +8,8 @@ behind nginx, sharing Redis and PostgreSQL, learn an upstream's health together.
   before every worker stops sending it (alone: the threshold on each worker).
 - Its recovery is found by one probe at a time across the fleet, and every worker of every
   instance is back on it within 2 s of the first probe that succeeded.
+- One instance killed with -9 under load costs the clients no more than the requests it
+  had in flight; nginx sends the rest to the others.
 
 Three instances of two workers: six workers, their supervisors, nginx, the simulators,
 Redis and PostgreSQL on two cores start in about 15 s, and the scenarios take about 5 s more.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -104,3 +107,17 @@ def test_a_dead_deployment_then_its_recovery(fleet: Machine, upstreams: Upstream
     assert load(fleet.port, "dead", 8) == [200] * 8
     answered = from_clients(upstreams.attempts(upstreams.dead))
     assert len(answered) >= failed + 8  # every instance sends it traffic again
+
+
+def test_an_instance_killed_under_load_costs_only_its_requests_in_flight(fleet: Machine) -> None:
+    """Last in this module: the fleet has one instance less afterwards."""
+    concurrency = 4
+    with ThreadPoolExecutor(1) as background:
+        running = background.submit(load, fleet.port, "steady", 120, concurrency, 0.02)
+        settle(0.5)
+        fleet.kill(len(fleet.ports) - 1)
+        statuses = running.result(timeout=60)
+    failed = [s for s in statuses if s != 200]
+    assert len(failed) <= concurrency, failed  # at most the requests in flight at the kill
+    assert len(statuses) - len(failed) > 100
+    assert load(fleet.port, "steady", 12) == [200] * 12  # the others serve everything
