@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def locks(redis_url: str) -> AsyncIterator[list[ProbeLock]]:
-    stores = [RedisStore(redis_url, StateSettings()) for _ in range(2)]
+    stores = [RedisStore(redis_url, StateSettings(redis_timeout=1.0)) for _ in range(2)]
     yield [ProbeLock(store, bound=0.6) for store in stores]
     for store in stores:
         await store.close()
