@@ -24,6 +24,20 @@ echo "== agent CLIs (Claude Code, Codex CLI; pinned, installed into this checkou
 BALLAST_AGENT_BIN=$(scripts/agent-clis.sh)
 export BALLAST_AGENT_BIN
 
+echo "== kubectl (renders deploy/k8s) and nginx (the fleet test's load balancer)"
+for tool in kubectl nginx; do
+  if ! command -v "$tool" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$tool" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      package=$tool
+      [ "$tool" = kubectl ] && ! apt-cache show kubectl >/dev/null 2>&1 && package=kubernetes-client
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null
+    else
+      echo "$tool is missing: the tests that need it will be skipped" >&2
+    fi
+  fi
+done
+
 echo "== services (Redis, PostgreSQL)"
 services_dir=$(mktemp -d)
 export BALLAST_SERVICES_DIR="$services_dir"

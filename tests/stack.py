@@ -187,15 +187,20 @@ def free_port() -> int:
 
 
 def serve(
-    config: Path, port: int, workers: int, stderr: int | IO[bytes] = subprocess.DEVNULL
+    config: Path,
+    port: int,
+    workers: int,
+    stderr: int | IO[bytes] = subprocess.DEVNULL,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """`ballast serve` as a process of its own, in the config's directory, with a metrics
-    directory of its own when it has several workers."""
+    directory of its own when it has several workers; `env` adds to the environment."""
     command = [sys.executable, "-m", "ballast", "serve", "--config", str(config)]
     command += ["--port", str(port), "--workers", str(workers), "--log-level", "warning"]
+    inherited = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     return subprocess.Popen(
         command,
-        env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
+        env={**inherited, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=stderr,
         cwd=config.parent,

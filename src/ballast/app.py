@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import uuid
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -37,11 +38,15 @@ from ballast.pipeline.errors import ApiError
 from ballast.pipeline.pipeline import Pipeline
 from ballast.pipeline.shape import Shape
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.routing.fleet_health import FleetHealth
 from ballast.routing.router import Router
+from ballast.routing.targets import Target
 from ballast.state.hub import StateHub
 from ballast.state.probes import ProbeLock
 from ballast.state.sessions import SessionStore
 from ballast.state.shared_handles import SharedHandles
+from ballast.state.store import RedisStore
+from ballast.state.upstream_health import SharedHealth
 
 log = logging.getLogger("ballast")
 
@@ -69,6 +74,7 @@ class BallastApp:
         )
         self.state = StateHub(settings, clock)
         store = self.state.store
+        self.fleet_health = _fleet_health(settings, store, clock, lambda: self.router.targets)
         self.router = Router(
             settings,
             clock,
@@ -78,7 +84,8 @@ class BallastApp:
             shared_handles=(
                 (lambda dep_id: SharedHandles(store, dep_id, clock)) if store is not None else None
             ),
-            probe_gate=ProbeLock(store) if store is not None else None,
+            probe_gate=_probe_lock(settings, store),
+            fleet_health=self.fleet_health,
         )
         self.pipeline = Pipeline(settings, self.router, clock)
         self.responses = ResponsesShape(lambda model: self.generation.router.resolve(model), clock)
@@ -234,6 +241,8 @@ class BallastApp:
             self.dispatcher.start()
         self.pipeline.cache = build_cache(self.settings, self.state.store, self.clock)
         await self.router.start()
+        if self.fleet_health is not None:
+            self.fleet_health.shared.start()  # reads the fleet's current verdicts first
         self.observer.metrics.deployments(self.router.targets.values())
         for deployment in access.unpriced_with_budgets:
             self.observer.metrics.unpriced.labels(deployment).set(1.0)
@@ -245,6 +254,8 @@ class BallastApp:
         self.ready = False
         await self.reloader.close()
         await self.fleet.close()
+        if self.fleet_health is not None:
+            await self.fleet_health.shared.close()
         await self.router.close()
         await self.mcp.close()
         if self.dispatcher is not None:
@@ -268,6 +279,25 @@ class BallastApp:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _probe_lock(settings: Settings, store: RedisStore | None) -> ProbeLock | None:
+    """One background probe of a deployment at a time across the fleet, where Redis is."""
+    return ProbeLock(store, settings.routing.breaker.probe_timeout) if store is not None else None
+
+
+def _fleet_health(
+    settings: Settings,
+    store: RedisStore | None,
+    clock: Clock,
+    targets: Callable[[], dict[str, Target]],
+) -> FleetHealth | None:
+    """Upstream health shared through Redis, where there is one and it is not turned off."""
+    url = settings.state.redis_url
+    if store is None or url is None or not settings.fleet.share_health:
+        return None
+    shared = SharedHealth(store, url, clock, uuid.uuid4().hex[:16], settings.fleet.resubscribe)
+    return FleetHealth(shared, clock, targets, settings.routing.breaker.probe_timeout)
 
 
 def app_from_env() -> BallastApp:

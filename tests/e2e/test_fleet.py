@@ -207,12 +207,14 @@ def test_a_revoked_key_stops_on_both_workers_with_its_old_value_in_its_grace_per
     assert time.monotonic() - revoked_at < PROMPTLY
 
 
-def _gateways(stack: Stack, tmp_path: Path, redis_url: str | None) -> tuple[Gateway, Gateway]:
+def _gateways(
+    stack: Stack, tmp_path: Path, redis_url: str | None, instances: int = 2
+) -> tuple[Gateway, Gateway]:
     sim = stack.sim("ok?tokens=2")
     state: dict[str, Any] = {
         "database_url": f"sqlite:///{tmp_path / 'shared.db'}",
         "spend_journal": str(tmp_path / "spend.journal"),
-        "instances": 2,
+        "instances": instances,
     }
     if redis_url is not None:
         state["redis_url"] = redis_url

@@ -4,13 +4,14 @@ either shows both instances (their heartbeats) with the sums."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 from tests.e2e.test_fleet import BODY, PROMPTLY, _gateways, _request, _within
-from tests.stack import Gateway, Stack
+from tests.stack import Gateway, Stack, wait_for
 
 
 def test_actions_reach_the_other_instance_through_redis(
@@ -60,3 +61,19 @@ def test_actions_reach_the_other_instance_through_redis(
     fleet: Any = seen_from(two)
     assert fleet["sum"]["workers"] == 2 and fleet["other_instances_known"] is True
     assert sorted(g["workers"] for g in fleet["instances"].values()) == [1, 1]
+
+
+def test_the_instances_sharing_the_limits_are_counted_not_configured(
+    stack: Stack, tmp_path: Path, redis_url: str
+) -> None:
+    one, two = _gateways(stack, tmp_path, redis_url, instances=1)
+
+    def counted(gateway: Gateway) -> bool:
+        return gateway.app.fleet.instances_seen >= 2
+
+    # Each worker beats every second (fleet.heartbeat); the beats name their instance.
+    for gateway in (one, two):
+        wait_for(functools.partial(counted, gateway), timeout=5)
+    for gateway in (one, two):
+        # Other tests' gateways may still be beating on this Redis: at least these two.
+        assert gateway.app.state.limiter.instances == gateway.app.fleet.instances_seen >= 2

@@ -96,6 +96,7 @@ class Admin:
         generation = app.generation
         targets = generation.router.targets.values()
         fleet = self.fleet
+        fleet_health = getattr(app, "fleet_health", None)
         return {
             "worker": fleet.worker if fleet is not None else str(os.getpid()),
             "instance": fleet.instance if fleet is not None else "",
@@ -108,6 +109,7 @@ class Admin:
             "commands_applied": fleet.applied if fleet is not None else 0,
             "drained": sorted(t.id for t in targets if t.drained),
             "breakers": {t.id: t.breaker.state.value for t in targets},
+            "health_shared": fleet_health is not None and fleet_health.shared.connected,
             "models": [g.name for g in generation.settings.models],
             "rss_bytes": process_stats().get("rss_bytes"),
         }
@@ -327,6 +329,9 @@ class Admin:
             body["fleet"] = await self.fleet.announce(action, {"deployment": dep_id})
         else:
             self._set_drained(dep_id, drained)
+        fleet_health = getattr(self.app, "fleet_health", None)
+        if fleet_health is not None:
+            fleet_health.drained(dep_id, drained)  # for the instances that start later
         body["breaker"] = target.breaker.state.value
         await send_bytes(send, 200, [JSON], orjson.dumps(body))
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import uuid
@@ -34,6 +33,7 @@ from ballast.config import FleetSettings
 from ballast.resilience.deadline import Deadline
 from ballast.state.commands import CHANNEL, Command, CommandLog
 from ballast.state.hub import StateHub
+from ballast.state.pubsub import listen
 from ballast.state.store import StoreUnavailable
 
 log = logging.getLogger("ballast.fleet")
@@ -41,6 +41,7 @@ log = logging.getLogger("ballast.fleet")
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 Summary = Callable[[], dict[str, Any]]
 HEARTBEATS = "ballast:fleet"
+INSTANCES = "ballast:fleet:instances"  # instance -> the time one of its workers last beat
 MAX_LINE = 4 * 1024 * 1024
 _SEEN = 10_000
 
@@ -71,6 +72,7 @@ class Fleet:
         self._server: asyncio.Server | None = None
         self.applied = 0
         self.subscribed = False  # pub/sub is carrying commands to this worker
+        self.instances_seen = 0  # live instances, as the heartbeats in Redis last said
 
     # -- life ---------------------------------------------------------------------------
 
@@ -196,37 +198,25 @@ class Fleet:
     # -- every instance -----------------------------------------------------------------
 
     async def _subscribe(self, url: str) -> None:
-        """Pub/sub on a connection of its own (the store's calls have tight timeouts that
-        an idle subscription would trip); reconnects after a pause when Redis goes away."""
-        import redis.asyncio as redis_asyncio
+        await listen(
+            url,
+            CHANNEL,
+            self.clock,
+            self._on_message,
+            self._on_subscribed,
+            self.settings.resubscribe,
+        )
 
-        while True:
-            client = redis_asyncio.Redis.from_url(
-                url, socket_connect_timeout=1.0, health_check_interval=5
-            )
-            try:
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                await pubsub.subscribe(CHANNEL)
-                self.subscribed = True
-                while True:
-                    message = await pubsub.get_message(timeout=1.0)
-                    if message is not None and message.get("type") == "message":
-                        try:
-                            await self.apply(Command.loads(message["data"]))
-                        except ValueError as exc:
-                            log.warning("ignored a message on %s: %s", CHANNEL, exc)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if self.subscribed:
-                    log.warning(
-                        "admin channel lost (%s); polling the command log", type(exc).__name__
-                    )
-                self.subscribed = False
-                await self.clock.sleep(1.0)
-            finally:
-                with contextlib.suppress(Exception):
-                    await client.aclose()
+    async def _on_message(self, data: bytes) -> None:
+        try:
+            await self.apply(Command.loads(data))
+        except ValueError as exc:
+            log.warning("ignored a message on %s: %s", CHANNEL, exc)
+
+    async def _on_subscribed(self, subscribed: bool) -> None:
+        if not subscribed:
+            log.warning("admin channel lost; polling the command log")
+        self.subscribed = subscribed
 
     async def _poll(self) -> None:
         while True:
@@ -246,13 +236,37 @@ class Fleet:
         assert store is not None
         while True:
             try:
-                beat = orjson.dumps({"ts": self.clock.time(), "summary": self.summary()})
-                await store.call(functools.partial(_hset, field=self.worker, value=beat))
+                now = self.clock.time()
+                beat = orjson.dumps({"ts": now, "summary": self.summary()})
+                replies = await store.execute(
+                    [
+                        ("HSET", HEARTBEATS, self.worker, beat),
+                        ("HSET", INSTANCES, self.instance, repr(now)),
+                        ("HGETALL", INSTANCES),
+                    ]
+                )
+                self._count_instances(replies[2], now)
             except StoreUnavailable:
                 pass
             except Exception:
                 log.exception("could not write this worker's heartbeat")
             await self.clock.sleep(self.settings.heartbeat)
+
+    def _count_instances(self, flat: list[bytes], now: float) -> None:
+        """The instances whose workers beat lately share the rate limits: each enforces its
+        share of a limit when Redis is out of reach. Counted here, the number needs no
+        configuring (it changes with autoscaling and during a rollout); the configured
+        `state.instances` is the floor."""
+        live = 0
+        for stamp in flat[1::2]:
+            try:
+                age = now - float(stamp)
+            except ValueError:
+                continue
+            live += age <= self.settings.heartbeat * 3 + 1
+        if live:
+            self.instances_seen = live
+            self.hub.limiter.set_instances(live)
 
     # -- the fleet's state --------------------------------------------------------------
 
@@ -310,11 +324,6 @@ def _sums(workers: list[dict[str, Any]]) -> dict[str, Any]:
         "shed": sum(int(w.get("shed", 0)) for w in workers),
         "commands_applied": sum(int(w.get("commands_applied", 0)) for w in workers),
     }
-
-
-def _hset(client: Any, field: str, value: bytes) -> Awaitable[Any]:
-    result: Awaitable[Any] = client.hset(HEARTBEATS, field, value)
-    return result
 
 
 def _remove(path: Path) -> None:

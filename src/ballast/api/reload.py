@@ -161,6 +161,7 @@ class Reloader:
             sessions=old.router.sessions,
             shared_handles=old.router.shared_handles,
             probe_gate=old.router.probe_gate,
+            fleet_health=old.router.fleet_health,
         )
         for previous in old.router.targets.values():
             router.deployments.adopt(previous)  # an unchanged deployment keeps its state

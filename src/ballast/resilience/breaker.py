@@ -250,6 +250,19 @@ class CircuitBreaker:
             until = now + min(retry_after, self.config.max_open_time)
             self._open_until = max(self._open_until, until)
 
+    def count_failure(self) -> bool:
+        """A failure seen elsewhere (another worker or instance) counts toward the threshold
+        like one of ours, so a dead deployment opens every breaker of a fleet after
+        `failure_threshold` failures in all; a success of our own still resets the count.
+        True when this opened the breaker."""
+        if self._state is not _CLOSED:
+            return False
+        self._consecutive += 1
+        if self._consecutive < self.config.failure_threshold:
+            return False
+        self._open(self._clock.monotonic(), self._next_open_time, None)
+        return True
+
     def _rate_tripped(self) -> bool:
         rate = self.config.failure_rate
         if rate is None or self._window is None:

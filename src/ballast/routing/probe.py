@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import orjson
 
@@ -31,8 +31,17 @@ from ballast.routing.targets import Target
 
 log = logging.getLogger("ballast.probe")
 
-# (deployment id, interval) -> True when this process may probe now (a shared lock).
-ProbeGate = Callable[[str, float], Awaitable[bool]]
+
+class ProbeGate(Protocol):
+    """One probe at a time across processes (state/probes.py: a lease in Redis)."""
+
+    async def take(self, deployment: str, interval: float) -> bool:
+        """True when this process may probe `deployment` now."""
+        ...
+
+    async def done(self, deployment: str, interval: float, took: float) -> None:
+        """The probe ended after `took` seconds."""
+        ...
 
 
 class Prober:
@@ -42,6 +51,7 @@ class Prober:
         clock: Clock,
         on_event: Callable[[str, dict[str, Any]], None],
         gate: ProbeGate | None = None,
+        on_failed_probe: Callable[[Target, float], None] | None = None,
     ) -> None:
         breaker = settings.routing.breaker
         self.interval = breaker.probe_interval
@@ -51,6 +61,7 @@ class Prober:
         self.clock = clock
         self.on_event = on_event
         self.gate = gate
+        self.on_failed_probe = on_failed_probe  # (target, the interval to the next probe)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._running = False  # between the router's start and close
 
@@ -107,6 +118,8 @@ class Prober:
                 interval = self.interval  # a short outage: its end is seen within an interval
             else:
                 interval = min(interval * 2, self.max_interval)
+            if outcome == "failed" and self.on_failed_probe is not None:
+                self.on_failed_probe(target, interval)
 
     def _needs_probe(self, target: Target) -> bool:
         """Open; or half-open, or closed but penalised for its errors, while no live request
@@ -144,8 +157,17 @@ class Prober:
         request = target.adapter.probe_request()
         if request is None:
             return "skipped"
-        if shared and self.gate is not None and not await self.gate(target.id, self.interval):
+        gate = self.gate if shared else None
+        if gate is not None and not await gate.take(target.id, self.interval):
             return "skipped"
+        started = self.clock.monotonic()
+        try:
+            return await self._ask(target, request)
+        finally:
+            if gate is not None:
+                await gate.done(target.id, self.interval, self.clock.monotonic() - started)
+
+    async def _ask(self, target: Target, request: tuple[str, str, dict[str, Any] | None]) -> str:
         method, path, body = request
         upstream = target.upstream
         try:
@@ -166,7 +188,5 @@ class Prober:
         completions still fail costs a few failed attempts, each failed over silently,
         before the breaker opens again; waiting for a live request instead could wait for
         ever, since health routing sends none to a deployment with errors in its window."""
-        target.breaker.reset()
-        target.health.window.clear()  # its errors are history: costs decide again
-        target.cooling_until = 0.0
+        target.recover()
         log.info("deployment %s answered a probe", target.id)

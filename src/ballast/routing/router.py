@@ -15,6 +15,7 @@ from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.resilience.handles import SharedSource
 from ballast.routing.attempt_loop import AttemptLoop
 from ballast.routing.dispatch import Dispatch
+from ballast.routing.fleet_health import FleetHealth
 from ballast.routing.probe import ProbeGate, Prober
 from ballast.routing.targets import Target, Targets
 
@@ -29,6 +30,7 @@ class Router:
         sessions: SessionSource | None = None,
         shared_handles: Callable[[str], SharedSource] | None = None,
         probe_gate: ProbeGate | None = None,
+        fleet_health: FleetHealth | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -37,7 +39,8 @@ class Router:
         self.sessions = sessions  # shared with the routers of later config generations
         self.shared_handles = shared_handles
         self.probe_gate = probe_gate
-        self.prober = Prober(settings, clock, self._event, probe_gate)
+        self.fleet_health = fleet_health  # shared with later generations, like the gate
+        self.prober = Prober(settings, clock, self._event, probe_gate, self._on_failed_probe)
         self.deployments = Targets(
             settings, clock, self.rng, self._event, sessions, shared_handles, self._on_state
         )
@@ -50,7 +53,7 @@ class Router:
             self._event,
             self.tracer,
             on_auth=self.prober.check_auth,
-            on_health_failure=self.prober.watch,
+            on_health_failure=self._on_health_failure,
         )
         routing = settings.routing
         self.dispatch = Dispatch(
@@ -63,6 +66,17 @@ class Router:
     def _on_state(self, target: Target, state: BreakerState) -> None:
         if state is BreakerState.OPEN:
             self.prober.watch(target)
+        if self.fleet_health is not None:
+            self.fleet_health.transition(target, state)
+
+    def _on_failed_probe(self, target: Target, interval: float) -> None:
+        if self.fleet_health is not None:
+            self.fleet_health.probe_failed(target, interval)
+
+    def _on_health_failure(self, target: Target) -> None:
+        self.prober.watch(target)
+        if self.fleet_health is not None:
+            self.fleet_health.failed(target)
 
     @property
     def targets(self) -> dict[str, Target]:

@@ -43,6 +43,13 @@ class Target:
         self.id = self.deployment.id
         self.upstream = self.adapter.upstream
 
+    def recover(self) -> None:
+        """A probe found it answering: the breaker closes, its errors are history (costs
+        decide again) and any cooldown is over."""
+        self.breaker.reset()
+        self.health.window.clear()
+        self.cooling_until = 0.0
+
 
 class Targets:
     """Every deployment of one configuration, by id and by model group."""

@@ -112,6 +112,7 @@ class RateLimiter(RedisSide, LocalSide):
         self._store = store
         self._shared = shared  # the machine's windows, for the local side
         self._instances = max(1, instances)
+        self._least_instances = self._instances  # the configured number: a floor
         self._clock = clock
         self._lease_ttl_ms = max(1, int(lease_ttl * 1000))
         self._prefix = prefix
@@ -127,6 +128,16 @@ class RateLimiter(RedisSide, LocalSide):
         self._ids = itertools.count()
         self._id_prefix = os.urandom(6).hex() + ":"
         self.fallbacks = 0  # acquires that took the local limiter because Redis could not
+
+    @property
+    def instances(self) -> int:
+        return self._instances
+
+    def set_instances(self, count: int) -> None:
+        """How many instances share the limits now (the fleet counts them): the share each
+        enforces alone while Redis is out of reach. Never fewer than configured: a count
+        made while the others were still starting would be too few."""
+        self._instances = max(self._least_instances, count)
 
     # -- acquire -----------------------------------------------------------------------
 

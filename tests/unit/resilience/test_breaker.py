@@ -70,6 +70,20 @@ def test_opens_after_consecutive_failures_and_success_resets_count() -> None:
     assert seen == [("dep", "closed", "open")]
 
 
+def test_failures_seen_elsewhere_count_toward_the_threshold() -> None:
+    breaker, _, seen = make(failure_threshold=3)
+    fail(breaker, 1)
+    assert breaker.count_failure() is False
+    permit = breaker.acquire()
+    assert permit is not None
+    breaker.record_success(permit)  # our own traffic works: the count starts again
+    assert [breaker.count_failure(), breaker.count_failure()] == [False, False]
+    assert breaker.state is CLOSED
+    assert breaker.count_failure() is True
+    assert breaker.state is OPEN and seen == [("dep", "closed", "open")]
+    assert breaker.count_failure() is False  # an open breaker has nothing to count
+
+
 def test_open_fails_fast_until_open_time_then_half_opens_lazily() -> None:
     breaker, clock, seen = make(failure_threshold=1, open_time=5.0)
     fail(breaker, 1)

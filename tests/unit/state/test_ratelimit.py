@@ -328,3 +328,11 @@ async def test_acquire_now_decides_locally_and_defers_to_redis_while_it_can_answ
         assert limiter.fallbacks == 4
     finally:
         await store.close()
+
+
+def test_the_counted_instances_never_go_below_the_configured_number() -> None:
+    limiter = RateLimiter(None, instances=2)
+    limiter.set_instances(1)  # counted while the other was still starting
+    assert limiter.instances == 2
+    limiter.set_instances(3)  # autoscaled: each enforces a third while Redis is down
+    assert limiter.instances == 3

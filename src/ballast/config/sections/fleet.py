@@ -25,3 +25,12 @@ class FleetSettings(Section):
         1.0, gt=0, description="each worker's summary written to Redis for the fleet view"
     )
     peer_timeout: float = Field(0.5, gt=0, description="asking another worker of this instance")
+    resubscribe: float = Field(
+        1.0, gt=0, description="pause before a lost Redis subscription is made again"
+    )
+    share_health: bool = Field(
+        True,
+        description="tell every worker of every instance, through Redis, of a deployment's"
+        " failures, open breaker, cooldown and recovery (`routing.breaker.probe_timeout` is"
+        " how long past an open period the others wait for the first worker's probe)",
+    )

@@ -38,7 +38,12 @@ class StateSettings(Section):
     redis_breaker: RedisBreakerSettings = RedisBreakerSettings()
     database_timeout: float = Field(5.0, gt=0)
     key_cache_ttl: float = Field(30.0, ge=0, description="how long a looked-up key is trusted")
-    instances: int = Field(1, ge=1, description="gateways sharing the limits (local fallback)")
+    instances: int = Field(
+        1,
+        ge=1,
+        description="the fewest instances assumed to share the limits (each enforces its share"
+        " while Redis is down); the fleet's heartbeats in Redis count more as they come",
+    )
     ratelimit_release_delay: float = Field(
         0.05, ge=0, description="longest a finished request's Redis release waits to be sent"
     )
