@@ -65,8 +65,9 @@ def tool_results(body: dict[str, Any]) -> list[str]:
     """The text of each tool result of the loop under way: the results in the user turns
     since the last one that carries none (the prompt), in order. Empty before any call."""
     messages = body.get("messages")
+    turns: list[Any] = messages if isinstance(messages, list) else []
     results: list[str] = []
-    for message in reversed(messages if isinstance(messages, list) else ()):
+    for message in reversed(turns):
         if not isinstance(message, dict) or message.get("role") != "user":
             continue
         content = message.get("content")
