@@ -1,7 +1,8 @@
 """An MCP tool server for tests, built with the official SDK and served by uvicorn on a
 loopback port: it records the headers of every request it got, counts the sessions it
 opened, and can restart (a new session manager on the same port: every session id it gave
-out answers 404 from then on, as a real server's restart does)."""
+out answers 404 from then on, as a real server's restart does), on its own too: right before
+the n-th `tools/call` it receives, for a client it cannot be told when to."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ class ToolServer:
         self.stateless = stateless  # no session ids at all
         self.received: list[dict[str, str]] = []  # each request's headers, and its ":method"
         self.initializes = 0
+        self.calls = 0  # `tools/call` requests received
+        self.restart_on_call: int | None = None  # restart before serving this call
         self.status: int | None = None  # answer every request with this status instead
         self._manager: StreamableHTTPSessionManager | None = None
         self._stop: asyncio.Event | None = None
@@ -122,6 +125,10 @@ class ToolServer:
             more = message.get("more_body", False)
         if b'"initialize"' in body:
             self.initializes += 1
+        if b'"tools/call"' in body:
+            self.calls += 1
+            if self.calls == self.restart_on_call:
+                await self.restart()
         sent = False
 
         async def replay() -> Message:

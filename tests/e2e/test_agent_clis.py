@@ -4,19 +4,23 @@ simulator in a streamed tool loop: Claude Code with extended thinking (the stric
 refuses a tool turn whose signed thinking block did not come back intact), Codex with
 encrypted reasoning and `store: false` (refused without its reasoning item). Each run's first
 deployment fails, so the answer comes after a failover, on the native paths and the bridged
-ones. The CLIs' own network features (telemetry, update checks) are turned off."""
+ones. The CLIs' own network features (telemetry, update checks) are turned off. And Claude
+Code as an MCP client of Ballast's `/mcp`, calling a tool twice in one run across a restart
+of the tool server behind it."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ballast.sim.server import SimServer
+from tests.mcp_server import ToolServer
 from tests.stack import Gateway, Stack, deployment, group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,12 +49,22 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     return {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8", **extra}
 
 
-def claude(agent_bin: Path, gateway: Gateway, home: Path, prompt: str) -> list[dict[str, Any]]:
-    """`claude -p`, streamed as JSON lines, thinking on: its events, parsed."""
+def claude(
+    agent_bin: Path,
+    gateway: Gateway,
+    home: Path,
+    prompt: str,
+    *options: str,
+    key: str = "sk-client",
+    **settings: str,
+) -> list[dict[str, Any]]:
+    """`claude -p`, streamed as JSON lines, thinking on, `options` added, `settings` in its
+    environment: its events, parsed."""
     env = _env(
         home,
+        **settings,
         ANTHROPIC_BASE_URL=gateway.url,
-        ANTHROPIC_API_KEY="sk-client",
+        ANTHROPIC_API_KEY=key,
         ANTHROPIC_SMALL_FAST_MODEL="claude-sim-haiku",
         MAX_THINKING_TOKENS="2048",
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
@@ -59,7 +73,7 @@ def claude(agent_bin: Path, gateway: Gateway, home: Path, prompt: str) -> list[d
         DISABLE_ERROR_REPORTING="1",
     )
     command = [str(agent_bin / "claude"), "-p", prompt, "--model", "claude-sim-agent"]
-    command += ["--output-format", "stream-json", "--verbose"]
+    command += ["--output-format", "stream-json", "--verbose", *options]
     done = subprocess.run(command, env=env, cwd=home, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -175,3 +189,60 @@ def test_codex_runs_its_tool_loop_with_encrypted_reasoning(
     assert len(attempts) == 2 and all(a["stream"] for a in attempts)
     wire = "/v1/responses" if path == "native" else "/v1/chat/completions"
     assert [a["path"] for a in attempts] == [wire, wire]
+
+
+@pytest.fixture
+def stamps(stack: Stack) -> Iterator[ToolServer]:
+    """An MCP server whose one tool, `stamp`, answers with the number of the session (of
+    those it opened) that served the call."""
+
+    def stamp(text: str) -> dict[str, Any]:
+        """Say the text back, with the number of the session that served it."""
+        return {"text": text, "session": server.initializes}
+
+    server = stack.thread.run(ToolServer("alpha", stamp).start())
+    yield server
+    stack.thread.run(server.close())
+
+
+def test_claude_code_calls_mcp_tools_through_ballast_across_a_server_restart(
+    stack: Stack, agent_bin: Path, tmp_path: Path, stamps: ToolServer
+) -> None:
+    stamps.restart_on_call = 2  # it forgets every session right before the second call
+    name = "mcp__ballast__alpha__stamp"  # Claude Code's name for Ballast's alpha__stamp
+    up = stack.sim(f"ok?shape=agent&tool={name}&arg=hello&calls=2&tokens=4", name="up")
+    gateway = stack.gateway(
+        {
+            # A file: an in-memory database is one connection shared by every task.
+            "state": {"database_url": f"sqlite:///{tmp_path / 'state.db'}"},
+            "models": [group("claude-*", _anthropic("up", up))],
+            "mcp": {"servers": [{"name": "alpha", "url": stamps.url, "revision": "2025-11-25"}]},
+        }
+    )
+    key, _ = stack.thread.run(gateway.app.state.keys.create("agent"))
+    ballast = {
+        "type": "http",
+        "url": gateway.url + "/mcp",
+        "headers": {"Authorization": f"Bearer {key}"},
+    }
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"ballast": ballast}}))
+    options = ["--mcp-config", str(config), "--strict-mcp-config", "--allowedTools", name]
+    # Its MCP tools offered as they are, not found by a search first (its default).
+    search = {"ENABLE_TOOL_SEARCH": "false"}
+    events = claude(agent_bin, gateway, tmp_path, "Stamp it twice.", *options, key=key, **search)
+    result = events[-1]
+    assert result["type"] == "result" and result["is_error"] is False, result
+    assert result["result"] == "tok0 tok1 tok2 tok3 "
+    calls = [b for b in _blocks(events, "assistant") if b["type"] == "tool_use"]
+    assert [c["name"] for c in calls] == [name, name]
+    # Both results reached the model, neither an error: the first from the session the
+    # restart ended, the second from the one Ballast opened in its place.
+    results = [b for b in _blocks(events, "user") if b["type"] == "tool_result"]
+    assert [r.get("is_error", False) for r in results] == [False, False], results
+    got = [json.loads(text) for text in _served(stack, up)[-1]["tool_results"]]
+    assert got == [{"text": "hello", "session": 1}, {"text": "hello", "session": 2}]
+    assert (stamps.initializes, stamps.calls) == (2, 3)  # the second call replayed once
+    assert gateway.app.mcp.upstreams["alpha"].heals == 1
+    metrics = gateway.app.observer.metrics.render().decode()
+    assert 'ballast_heals_total{deployment="mcp:alpha",reason="mcp_session_lost"} 1.0' in metrics

@@ -3,6 +3,8 @@ parse what it sends, the simulator is wrong."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import anthropic
 import pytest
 
@@ -95,3 +97,29 @@ def test_an_error_event_mid_stream_is_an_sdk_error(client: anthropic.Anthropic) 
             for piece in stream.text_stream:
                 text += piece
     assert text == "tok0 tok1 tok2 "
+
+
+def test_the_agent_calls_its_tool_as_often_as_asked_and_logs_what_came_back(
+    stack: Stack,
+) -> None:
+    sim = stack.sim("ok?shape=agent&tool=echo&arg=hi&calls=2&tokens=2")
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    tools: Any = [{"name": "echo", "input_schema": schema}]
+    messages: list[Any] = [{"role": "user", "content": "echo it twice"}]
+    stops = []
+    with anthropic.Anthropic(base_url=sim.url, api_key="sk-ant-test", max_retries=0) as client:
+        for number in range(3):
+            message = client.messages.create(
+                model="claude-sim", max_tokens=64, tools=tools, messages=messages
+            )
+            stops.append(message.stop_reason)
+            if message.stop_reason != "tool_use":
+                break
+            use = message.content[-1]
+            assert use.type == "tool_use" and use.input == {"text": "hi"}
+            messages.append({"role": "assistant", "content": message.content})
+            result = {"type": "tool_result", "tool_use_id": use.id, "content": f"hi {number}"}
+            messages.append({"role": "user", "content": [result]})
+    assert stops == ["tool_use", "tool_use", "end_turn"]
+    logged = [a["tool_results"] for a in stack.attempts(sim)]
+    assert logged == [[], ["hi 0"], ["hi 0", "hi 1"]]

@@ -2,8 +2,8 @@
 depend on it: thinking blocks signed, and a tool turn refused without its signed thinking
 block (Anthropic's rules); with `store: false`, a reasoning model's tool call refused without
 the encrypted reasoning item that came with it (OpenAI's). A gateway that loses either fails
-here as it would in production. And the `agent` shape's one tool loop: call a tool the
-request offers, then answer once its result is back."""
+here as it would in production. And the `agent` shape's tool loop: call a tool the
+request offers, as many times as asked, then answer once the results are back."""
 
 from __future__ import annotations
 
@@ -61,14 +61,35 @@ def thinking_problem(body: dict[str, Any]) -> str | None:
     return None
 
 
-def tool_result_back(body: dict[str, Any]) -> bool:
-    """Whether the last user turn carries a tool's result (the agent's loop came round)."""
+def tool_results(body: dict[str, Any]) -> list[str]:
+    """The text of each tool result of the loop under way: the results in the user turns
+    since the last one that carries none (the prompt), in order. Empty before any call."""
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
-        return False
-    content = messages[-1].get("content")
-    return isinstance(content, list) and any(
-        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+    turns: list[Any] = messages if isinstance(messages, list) else []
+    results: list[str] = []
+    for message in reversed(turns):
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        content = message.get("content")
+        blocks = [
+            b
+            for b in (content if isinstance(content, list) else ())
+            if isinstance(b, dict) and b.get("type") == "tool_result"
+        ]
+        if not blocks:
+            break
+        results[:0] = [_text(b.get("content")) for b in blocks]
+    return results
+
+
+def _text(content: Any) -> str:
+    """A tool result's content as text: a string, or its text blocks joined."""
+    if isinstance(content, str):
+        return content
+    return "".join(
+        b["text"]
+        for b in (content if isinstance(content, list) else ())
+        if isinstance(b, dict) and isinstance(b.get("text"), str)
     )
 
 

@@ -26,7 +26,7 @@ from ballast.sim.agent import (
     sign,
     thinking_problem,
     thinks,
-    tool_result_back,
+    tool_results,
 )
 from ballast.sim.answer import Answer, chat_answer
 from ballast.sim.behaviour import Behaviour
@@ -109,9 +109,8 @@ def _turn(body: dict[str, Any], behaviour: Behaviour, answer: Answer) -> tuple[s
     """The answer's shape (text, tool, reasoning) and the tool call it makes, if any."""
     shape = behaviour.shape
     if shape == "agent":
-        offered = (
-            None if tool_result_back(body) else agent_call(body, behaviour.tool, behaviour.arg)
-        )
+        done = len(tool_results(body)) >= behaviour.calls
+        offered = None if done else agent_call(body, behaviour.tool, behaviour.arg)
         return ("text", None) if offered is None else ("tool", (behaviour.tool, offered))
     if shape == "tool":
         return shape, (TOOL_NAME, orjson.loads("".join(tool_arguments(answer.pieces))))
@@ -297,6 +296,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
     entry = state.record(model=model, path=request.path, behaviour=behaviour.spec, outcome=outcome,
                          stream=stream, prefill=answer.prefill, headers=headers)  # fmt: skip
     entry["fields"] = sorted(body)
+    if behaviour.shape == "agent":  # what came back from the tools, for the tests to read
+        entry["tool_results"] = tool_results(body)
     if problem is not None:
         return error(400, "invalid_request_error", f"{problem} (sim)")
     if outcome in _ERRORS:

@@ -26,11 +26,12 @@ _ANSWER = frozenset(
         "shape",
         "tool",
         "arg",
+        "calls",
     }
 )
 # What a chat answer is made of: text, one tool call, or reasoning (`reasoning_content`);
-# `agent` (Anthropic's and Responses' wires) calls the offered tool named `tool` (each
-# required string argument `arg`), then answers once its result is back.
+# `agent` (Anthropic's wire) calls the offered tool named `tool` (each required string
+# argument `arg`) `calls` times, one call a turn, then answers once the results are back.
 SHAPES = ("text", "tool", "reasoning", "agent")
 _MODES = frozenset({"mode", "seconds", "p", "seed"})
 
@@ -92,6 +93,7 @@ class Behaviour:
     shape: str = "text"
     tool: str = "lookup"  # the tool the agent shape calls
     arg: str = "sim"  # and the value of its required string arguments
+    calls: int = 1  # and how many times in a row it calls the tool before answering
     # 429 / 500 / 503.
     retry_after: float | None = None
     mode: str = "always"
@@ -121,6 +123,10 @@ def _to_int(key: str, raw: str, minimum: int = 0) -> int:
     if value < minimum:
         raise ValueError(f"parameter {key!r} must be >= {minimum}, got {value}")
     return value
+
+
+def _to_count(key: str, raw: str) -> int:
+    return _to_int(key, raw, minimum=1)
 
 
 def _to_float(key: str, raw: str) -> float:
@@ -179,6 +185,7 @@ _CONVERTERS: dict[str, Callable[[str, str], Any]] = {
     "shape": _to_shape,
     "tool": _to_text,
     "arg": _to_text,
+    "calls": _to_count,
     "retry_after": _to_float,
     "mode": _to_mode,
     "seconds": _to_float,

@@ -13,7 +13,7 @@ from ballast.sim.agent import (
     reasoning_problem,
     sign,
     thinking_problem,
-    tool_result_back,
+    tool_results,
 )
 
 ON: Any = {"type": "enabled", "budget_tokens": 1024}
@@ -55,7 +55,7 @@ def test_a_stateless_tool_call_needs_its_encrypted_reasoning() -> None:
     assert reasoning_problem({"input": [call]}) is None  # stored state: nothing to carry
 
 
-def test_the_agent_calls_an_offered_tool_once_then_answers() -> None:
+def test_the_agent_calls_an_offered_tool_and_reads_what_came_back() -> None:
     schema = {
         "type": "object",
         "properties": {"file_path": {"type": "string"}, "limit": {"type": "integer"}},
@@ -64,5 +64,18 @@ def test_the_agent_calls_an_offered_tool_once_then_answers() -> None:
     body: Any = {"tools": [{"name": "Read", "input_schema": schema}], "messages": [RESULT]}
     assert agent_call(body, "Read", "/tmp/x") == {"file_path": "/tmp/x"}
     assert agent_call(body, "Write", "/tmp/x") is None
-    assert tool_result_back(body)
-    assert not tool_result_back({"messages": [{"role": "user", "content": "go"}]})
+    assert tool_results(body) == [""]
+    assert tool_results({"messages": [{"role": "user", "content": "go"}]}) == []
+
+
+def test_the_tool_results_counted_are_those_of_the_loop_under_way() -> None:
+    def result(content: Any) -> dict[str, Any]:
+        return {"role": "user", "content": [{"type": "tool_result", "content": content}]}
+
+    call = {"role": "assistant", "content": [USE]}
+    blocks = [{"type": "text", "text": "two"}, {"type": "image"}, {"type": "text", "text": "!"}]
+    earlier = [{"role": "user", "content": "go"}, call, result("old")]
+    now = [{"role": "user", "content": [{"type": "text", "text": "again"}]}, call]
+    body = {"messages": [*earlier, *now, result("one"), call, result(blocks)]}
+    assert tool_results(body) == ["one", "two!"]
+    assert tool_results({"messages": [*earlier, *now]}) == []

@@ -44,6 +44,9 @@ def test_ok_defaults_and_params() -> None:
     assert custom.first_token_delay == pytest.approx(0.2)
     assert custom.latency == pytest.approx(1.5)
     assert custom.spec == "ok?tokens=4&delay=0.05&first_token_delay=0.2&latency=1.5"
+    agent = parse_behaviour("ok?shape=agent&tool=echo&arg=hi&calls=2")
+    assert (agent.shape, agent.tool, agent.arg, agent.calls) == ("agent", "echo", "hi", 2)
+    assert ok.calls == 1
 
 
 def test_error_mode_params() -> None:
@@ -81,6 +84,7 @@ def test_fault_params_and_defaults() -> None:
         ("reset?after=1", "does not accept parameter 'after'"),
         ("ok?tokens=many", "'tokens' must be an integer"),
         ("ok?tokens=-1", "'tokens' must be >= 0"),
+        ("ok?shape=agent&calls=0", "'calls' must be >= 1"),
         ("ok?delay=-0.5", "'delay' must be a finite number >= 0"),
         ("ok?delay=nan", "'delay' must be a finite number >= 0"),
         ("500?mode=sometimes", "'mode' must be one of"),
