@@ -7,8 +7,10 @@ and never the other server's tools."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx2
@@ -20,7 +22,7 @@ from mcp.shared.exceptions import MCPError
 from ballast.sim.server import SimServer
 from tests.faultproxy import FaultProxy
 from tests.mcp_server import ToolServer
-from tests.stack import Gateway, Stack, deployment, free_port, group, wait_for
+from tests.stack import Gateway, Stack, deployment, free_port, group, sqlite_state, wait_for
 
 T = TypeVar("T")
 SECRET = "upstream-secret-for-alpha"
@@ -55,6 +57,12 @@ def beta(stack: Stack) -> Iterator[ToolServer]:
     stack.thread.run(server.close())
 
 
+def _state() -> dict[str, Any]:
+    """A database file of the gateway's own (keys created and looked up from several tasks
+    are not for one shared in-memory connection)."""
+    return sqlite_state(Path(tempfile.mkdtemp(prefix="ballast-mcp-")))
+
+
 def server(name: str, url: str, **extra: Any) -> dict[str, Any]:
     return {"name": name, "url": url, "revision": "2025-11-25", **extra}
 
@@ -62,7 +70,7 @@ def server(name: str, url: str, **extra: Any) -> dict[str, Any]:
 def gateway(stack: Stack, sim: SimServer, *servers: dict[str, Any], **mcp: Any) -> Gateway:
     return stack.gateway(
         {
-            "state": {"database_url": "sqlite:///:memory:"},
+            "state": _state(),
             "models": [group("m", deployment("d1", sim))],
             "mcp": {"servers": list(servers), **mcp},
         }
@@ -417,7 +425,7 @@ def test_call_metrics_label_only_listed_tools_and_keys_as_the_requests_do(
 ) -> None:
     gw = stack.gateway(
         {
-            "state": {"database_url": "sqlite:///:memory:"},
+            "state": _state(),
             "observe": {"per_key_metrics": False},
             "models": [group("m", deployment("d1", sim))],
             "mcp": {"servers": [server("alpha", alpha.url)]},
