@@ -44,6 +44,9 @@ def main() -> None:
         loop="uvloop",
         access_log=False,
         log_level="warning",
+        # The bench's clients keep their connections between rounds (the other side's
+        # cells run meanwhile): uvicorn's 5 s default would close them under a request.
+        timeout_keep_alive=120,
     )
 
 
