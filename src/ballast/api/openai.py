@@ -4,8 +4,6 @@ bounded counts) and forwards the client's bytes unless something must change."""
 
 from __future__ import annotations
 
-import orjson
-
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.duplicate_keys import DuplicateKeys
 from ballast.pipeline.errors import bad_request
@@ -39,13 +37,7 @@ _DUPLICATES = DuplicateKeys(
 
 def parse_request(path: str, body: bytes) -> RequestContext:
     """The client's request as the pipeline needs it; clear 400s for anything unusable."""
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise bad_request("We could not parse the JSON body of your request.") from None
-    if not isinstance(payload, dict):
-        raise bad_request("The request body must be a JSON object.")
-    _DUPLICATES.check(body, payload)
+    payload = _DUPLICATES.load(body)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("You must provide a model parameter.", "model")

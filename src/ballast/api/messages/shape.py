@@ -49,17 +49,6 @@ def _fallbacks(payload: dict[str, Any]) -> tuple[str, ...]:
     return tuple(given)
 
 
-def _load(body: bytes) -> dict[str, Any]:
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise bad_request("We could not parse the JSON body of your request.") from None
-    if not isinstance(payload, dict):
-        raise bad_request("The request body must be a JSON object.")
-    _DUPLICATES.check(body, payload)
-    return payload
-
-
 def _chat(payload: dict[str, Any], counting: bool, dropped: list[str]) -> dict[str, Any]:
     chat = to_chat(payload, counting, dropped)
     chat.pop("fallbacks", None)
@@ -77,7 +66,7 @@ class MessagesShape(Shape):
         self._modes = None if resolve is None else Modes(resolve, lambda d: d.messages_mode)
 
     def parse(self, path: str, body: bytes) -> RequestContext:
-        payload = _load(body)
+        payload = _DUPLICATES.load(body)
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             problem = "Field required" if model is None else "Input should be a string"
@@ -91,7 +80,7 @@ class MessagesShape(Shape):
 
     def context(self, body: bytes, counting: bool) -> RequestContext:
         """The chat request for a Messages body (`counting`: a count_tokens body)."""
-        payload = _load(body)
+        payload = _DUPLICATES.load(body)
         fallbacks = _fallbacks(payload)
         chat = _chat(payload, counting, [])
         raw = orjson.dumps(chat)

@@ -90,7 +90,7 @@ class ResponsesShape(Shape):
         self._modes = Modes(resolve, lambda d: d.responses_mode)
 
     def parse(self, path: str, body: bytes) -> RequestContext:
-        payload = _load(body)
+        payload = _DUPLICATES.load(body)
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             raise bad_request("You must provide a model parameter.", "model")
@@ -145,17 +145,6 @@ class ResponsesShape(Shape):
         """A stream that failed before any event of its own went out (keep-alive comments
         at most): the error is its first numbered event."""
         return _typed_error(error.code, error.message, 0)
-
-
-def _load(body: bytes) -> dict[str, Any]:
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise bad_request("We could not parse the JSON body of your request.") from None
-    if not isinstance(payload, dict):
-        raise bad_request("The request body must be a JSON object.")
-    _DUPLICATES.check(body, payload)
-    return payload
 
 
 def _fallbacks(payload: dict[str, Any]) -> tuple[str, ...]:
