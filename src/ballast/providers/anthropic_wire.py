@@ -100,7 +100,23 @@ def kind_of(status: int | None, error_type: str, message: str) -> Kind:
     return failures.classify_status(status, None)
 
 
-class AnthropicWire(Wire):
+class AnthropicErrors(Wire):
+    """A wire to Anthropic: its errors are read as any Anthropic error is (failure_of)."""
+
+    __slots__ = ()
+
+    def failure(
+        self,
+        status: int,
+        body: bytes,
+        headers: tuple[tuple[bytes, bytes], ...],
+        retry_after: float | None,
+        deployment: str,
+    ) -> Failure:
+        return failure_of(status, body, headers, retry_after, deployment)
+
+
+class AnthropicWire(AnthropicErrors):
     """One call to `/v1/messages`."""
 
     __slots__ = ("created", "model", "trim", "usage_wanted")
@@ -173,33 +189,13 @@ class AnthropicWire(Wire):
             self.model, self.created, self.usage_wanted, self.trim, max_event_bytes
         )
 
-    def failure(
-        self,
-        status: int,
-        body: bytes,
-        headers: tuple[tuple[bytes, bytes], ...],
-        retry_after: float | None,
-        deployment: str,
-    ) -> Failure:
-        return failure_of(status, body, headers, retry_after, deployment)
 
-
-class NativeWire(Wire):
+class NativeWire(AnthropicErrors):
     """A Messages request passed through as the client sent it: the answer, the stream's
     events and their bytes come back untouched (the base Wire's); only errors are read, to
     be classified as any Anthropic error is."""
 
     __slots__ = ()
-
-    def failure(
-        self,
-        status: int,
-        body: bytes,
-        headers: tuple[tuple[bytes, bytes], ...],
-        retry_after: float | None,
-        deployment: str,
-    ) -> Failure:
-        return failure_of(status, body, headers, retry_after, deployment)
 
 
 def failure_of(
