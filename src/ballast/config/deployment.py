@@ -20,7 +20,7 @@ from ballast.config.base import Section
 from ballast.config.catalogue import DEFAULT_URLS, ProviderName
 from ballast.config.options import AnthropicOptions, AwsSettings, AzureOptions, GoogleSettings
 from ballast.config.timeouts import TimeoutOverrides
-from ballast.config.values import HTTP_TOKEN, http_url, readable, value_problem
+from ballast.config.values import header_problem, http_url, readable, value_problem
 
 
 class DeploymentTls(Section):
@@ -179,15 +179,9 @@ class Deployment(Section):
     @classmethod
     def _headers(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         for name, text in value.items():
-            if not HTTP_TOKEN.match(name):
-                raise ValueError(
-                    f"deployment {_name(info)}: header name {name!r} is not an HTTP token"
-                )
-            problem = value_problem(text)
+            problem = header_problem(name, text)
             if problem is not None:
-                raise ValueError(
-                    f"deployment {_name(info)}: header {name!r} has {problem} in its value"
-                )
+                raise ValueError(f"deployment {_name(info)}: {problem}")
         return value
 
     @field_validator("proxy", mode="before")

@@ -14,6 +14,15 @@ _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _URL = re.compile(r"^https?://(?:[^/\s:\[\]]+|\[([0-9A-Fa-f:.]+)\])(?::\d+)?(?:/\S*)?$")
 
 
+def header_problem(name: str, value: str) -> str | None:
+    """What makes a configured header unusable, said of the header, if anything: a name that
+    is not an HTTP token, or a value `value_problem` refuses."""
+    if not HTTP_TOKEN.match(name):
+        return f"header name {name!r} is not an HTTP token"
+    problem = value_problem(value)
+    return None if problem is None else f"header {name!r} has {problem} in its value"
+
+
 def value_problem(text: str) -> str | None:
     """What makes a configured header value unusable, if anything.
 

@@ -17,7 +17,7 @@ from ballast.config.breaker import (
     OpenTime,
     ProbeTimeout,
 )
-from ballast.config.values import HTTP_TOKEN, http_url, value_problem
+from ballast.config.values import header_problem, http_url
 
 # A server's name is the prefix of its tools' names: letters, digits, `-` and `_`, so the
 # prefixed name is one most clients accept.
@@ -88,11 +88,9 @@ class McpServerSettings(Section):
     @classmethod
     def _headers(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
         for name, text in value.items():
-            if not HTTP_TOKEN.match(name):
-                raise ValueError(f"header name {name!r} is not an HTTP token")
-            problem = value_problem(text.get_secret_value())
+            problem = header_problem(name, text.get_secret_value())
             if problem is not None:
-                raise ValueError(f"header {name!r} has {problem} in its value")
+                raise ValueError(problem)
         return value
 
     @field_validator("tool_timeouts")
