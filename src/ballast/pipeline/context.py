@@ -60,8 +60,12 @@ class RequestContext:
     forwarded: tuple[tuple[str, str], ...] = ()
     # The request answered in the client's own shape by the upstream (a native pass-through).
     native: bool = False
-    # A native request's chat form, for the deployments of its chain that are bridged.
+    # The request's other form, for the deployments of its chain that do not take this one:
+    # a native request's chat form; an extended chat form's plain one.
     bridge: RequestContext | None = None
+    # A chat form with more than OpenAI's chat (a bridged Messages request's cache marks and
+    # thinking): only the providers that carry it take it (providers/base.Adapter.takes).
+    extended: bool = False
     group: ModelGroup | None = None  # set by resolve
     ticket: Ticket | None = None  # set by admit, when keys are in use
     lookup: Lookup | None = None  # set by the cache stage, for groups with a cache

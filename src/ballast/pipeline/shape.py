@@ -22,8 +22,8 @@ again."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Protocol
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import orjson
 
@@ -102,20 +102,21 @@ class Shape(Rendering, ABC):
 
 
 Resolve = Callable[[str], ModelGroup | None]
+W = TypeVar("W", bound=Hashable)
 
 
-class Modes:
+class Modes(Generic[W]):
     """How the deployments that may answer a request serve a shape (`native` or `bridge`,
-    read off each deployment by `mode`): the group's, its fallbacks' and the request's own
-    fallbacks'. Decided once per group object (a reloaded configuration brings new ones);
-    requests naming their own fallbacks decide anew."""
+    or whatever `mode` reads off each deployment): the group's, its fallbacks' and the
+    request's own fallbacks'. Decided once per group object (a reloaded configuration brings
+    new ones); requests naming their own fallbacks decide anew."""
 
-    def __init__(self, resolve: Resolve, mode: Callable[[Deployment], str]) -> None:
+    def __init__(self, resolve: Resolve, mode: Callable[[Deployment], W]) -> None:
         self._resolve = resolve  # the model groups of the configuration now serving
         self._mode = mode
-        self._known: dict[int, tuple[ModelGroup, frozenset[str]]] = {}
+        self._known: dict[int, tuple[ModelGroup, frozenset[W]]] = {}
 
-    def of(self, group: ModelGroup, fallbacks: Iterable[str]) -> frozenset[str]:
+    def of(self, group: ModelGroup, fallbacks: Iterable[str]) -> frozenset[W]:
         if not fallbacks:
             known = self._known.get(id(group))
             if known is not None and known[0] is group:

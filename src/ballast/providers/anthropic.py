@@ -30,6 +30,7 @@ def _thinks(payload: dict[str, Any]) -> bool:
 
 class AnthropicAdapter(NativeAdapter):
     name: ClassVar[str] = "anthropic"
+    extensions: ClassVar[frozenset[str]] = frozenset(("cache_control", "thinking"))
 
     def __init__(self, deployment: Deployment, upstream: Upstream, context: AdapterContext):
         super().__init__(deployment, upstream, context)

@@ -52,6 +52,11 @@ class OutboundCall(Protocol):
     def forwarded(self) -> tuple[tuple[str, str], ...]: ...
     @property
     def bridge(self) -> OutboundCall | None: ...
+    # A chat form that carries more than OpenAI's chat: what a bridged Messages request
+    # asked of Anthropic (`cache_control` marks, `thinking`, earlier turns' `thinking_blocks`).
+    # A provider that carries none of it takes the call's `bridge`, the plain chat form.
+    @property
+    def extended(self) -> bool: ...
 
 
 class EditedCall:
@@ -94,7 +99,14 @@ class EditedCall:
 
     @property
     def bridge(self) -> OutboundCall | None:
-        return self._call.bridge
+        """The other form of the call, with the same edits (a call and its bridge share
+        theirs, so what this call changes applies to its bridge too)."""
+        bridge = self._call.bridge
+        return None if bridge is None else EditedCall(bridge, self.edits)
+
+    @property
+    def extended(self) -> bool:
+        return self._call.extended
 
 
 class SessionSource(Protocol):
@@ -118,6 +130,10 @@ class Adapter:
     """The OpenAI wire, unchanged: the base every OpenAI-compatible provider starts from."""
 
     name: ClassVar[str] = "openai"
+    # What this provider's requests carry of an extended chat form (OutboundCall.extended):
+    # "cache_control" (prompt cache marks), "thinking" (the budget and earlier turns'
+    # signed thinking). An OpenAI-compatible wire carries none: it takes the plain form.
+    extensions: ClassVar[frozenset[str]] = frozenset()
     # Remote resource handles (per-run endpoints and tokens), for providers that use them.
     handles: HandleCache | None = None
 
@@ -137,6 +153,12 @@ class Adapter:
         """Whether a call on `path` goes to this deployment as it is; False: it is sent in
         its chat form (a Messages request to a deployment that does not speak Messages)."""
         return path != "/messages"
+
+    def takes(self, call: OutboundCall) -> bool:
+        """Whether `call` goes to this deployment in its own form; False: in its bridge's
+        (a Messages request to a deployment that does not speak Messages; an extended chat
+        form to one that carries none of its extensions)."""
+        return self.speaks(call.path) and (bool(self.extensions) or not call.extended)
 
     def upstream_model(self, model: str) -> str:
         """The name the deployment knows the model by: its configured one, or the client's."""

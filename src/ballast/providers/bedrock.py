@@ -92,6 +92,7 @@ def _parse_error(
 
 class BedrockAdapter(NativeAdapter):
     name: ClassVar[str] = "bedrock"
+    extensions: ClassVar[frozenset[str]] = frozenset(("cache_control",))  # as cachePoint
 
     def __init__(self, deployment: Deployment, upstream: Upstream, context: AdapterContext):
         super().__init__(deployment, upstream, context)

@@ -69,8 +69,10 @@ def request_for(
     `headers`, more header lines (the attempt's trace context)."""
     adapter = attempt.target.adapter
     bridge = call.bridge
-    if bridge is not None and not adapter.speaks(call.path):
-        call = bridge  # a group mixing native and bridged deployments: this one is bridged
+    while bridge is not None and not adapter.takes(call):
+        # A group mixing ways (native and bridged Messages; providers that carry an
+        # extended chat form and some that do not): this deployment takes another form.
+        call, bridge = bridge, bridge.bridge
     body = adapter.body(call, model, prefill)
     return UpstreamRequest(
         call.path,

@@ -23,6 +23,7 @@ class _Call:
     credential = "c"
     request_id = None
     bridge = None
+    extended = False
 
     def __init__(
         self, edits: dict[str, Any] | None = None, forwarded: tuple[tuple[str, str], ...] = ()

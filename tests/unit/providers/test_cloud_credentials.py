@@ -52,6 +52,7 @@ class _Call:
         self.request_id: str | None = None
         self.forwarded: tuple[tuple[str, str], ...] = ()
         self.bridge = None
+        self.extended = False
 
 
 def _lines(headers: bytes) -> dict[str, str]:
