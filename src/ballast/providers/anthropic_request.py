@@ -3,7 +3,12 @@
 System and developer messages become `system`; image parts become image blocks; tool calls
 and tool results become `tool_use` and `tool_result` blocks; consecutive messages of one
 role are merged (Messages wants the roles to alternate). `thinking` and every block's
-`cache_control` pass through as they came."""
+`cache_control` pass through as they came (a tool call's and a tool message's own
+`cache_control` go on its `tool_use` and `tool_result` block). An assistant message's
+`thinking_blocks` (its earlier thinking as the answers' translation gives it back:
+`{"type": "thinking", "thinking", "signature"}` or `{"type": "redacted_thinking", "data"}`)
+open its turn again, exactly and in order, ahead of its text and tool calls: Anthropic
+refuses a tool turn with thinking on without them."""
 
 from __future__ import annotations
 
@@ -138,7 +143,8 @@ def _image_source(url: str) -> dict[str, Any]:
 
 
 def _assistant_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
-    blocks = _blocks(message.get("content"), "assistant")
+    blocks = _thinking_blocks(message.get("thinking_blocks"))
+    blocks += _blocks(message.get("content"), "assistant")
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list):
         raise Untranslatable("tool_calls must be a list")
@@ -151,15 +157,41 @@ def _assistant_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
             given = orjson.loads(arguments) if isinstance(arguments, str) else arguments
         except orjson.JSONDecodeError:
             raise Untranslatable("a tool call's arguments must be JSON") from None
-        blocks.append(
-            {
-                "type": "tool_use",
-                "id": call.get("id") or "",
-                "name": function.get("name") or "",
-                "input": given if isinstance(given, dict) else {"value": given},
-            }
-        )
+        use = {
+            "type": "tool_use",
+            "id": call.get("id") or "",
+            "name": function.get("name") or "",
+            "input": given if isinstance(given, dict) else {"value": given},
+        }
+        if "cache_control" in call:
+            use["cache_control"] = call["cache_control"]
+        blocks.append(use)
     return blocks
+
+
+def _thinking_blocks(given: Any) -> list[dict[str, Any]]:
+    """An assistant message's earlier thinking as the blocks Anthropic signed, field for
+    field (a signature covers the text: nothing in them may change)."""
+    if given is None:
+        return []
+    if not isinstance(given, list):
+        raise Untranslatable("thinking_blocks must be a list")
+    out: list[dict[str, Any]] = []
+    for block in given:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "thinking":
+            text, signature = block.get("thinking"), block.get("signature")
+            if not isinstance(text, str) or not isinstance(signature, str):
+                raise Untranslatable("a thinking block needs its thinking and signature")
+            out.append({"type": "thinking", "thinking": text, "signature": signature})
+        elif kind == "redacted_thinking":
+            data = block.get("data")
+            if not isinstance(data, str):
+                raise Untranslatable("a redacted_thinking block needs its data")
+            out.append({"type": "redacted_thinking", "data": data})
+        else:
+            raise Untranslatable("thinking_blocks holds thinking or redacted_thinking blocks")
+    return out
 
 
 def _tool_result(message: dict[str, Any]) -> dict[str, Any]:
@@ -168,11 +200,14 @@ def _tool_result(message: dict[str, Any]) -> dict[str, Any]:
         content = [_part(part) for part in content]
     elif not isinstance(content, str):
         content = "" if content is None else orjson.dumps(content).decode()
-    return {
+    block = {
         "type": "tool_result",
         "tool_use_id": message.get("tool_call_id") or message.get("name") or "",
         "content": content,
     }
+    if "cache_control" in message:
+        block["cache_control"] = message["cache_control"]
+    return block
 
 
 def _tool(tool: Any) -> dict[str, Any]:

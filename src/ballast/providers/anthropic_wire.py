@@ -1,6 +1,14 @@
 """Anthropic Messages answers as chat completions: a whole message, the streaming event
 machine (message_start, content blocks, message_delta, message_stop, ping, error) as chat
-chunks, and its errors as the one taxonomy."""
+chunks, and its errors as the one taxonomy.
+
+Thinking is `reasoning_content`, and the blocks Anthropic signed come along as
+`thinking_blocks` (what a client sends back on its next turn, anthropic_request.py): a whole
+answer's message lists them in order, `{"type": "thinking", "thinking", "signature"}` or
+`{"type": "redacted_thinking", "data"}`; in a stream, a thinking block's text comes as
+`reasoning_content` deltas and its `signature_delta` as a delta
+`{"thinking_blocks": [{"type": "thinking", "thinking": "", "signature": ...}]}` that closes
+it, and a redacted block whole, as a delta of its own."""
 
 from __future__ import annotations
 
@@ -147,6 +155,7 @@ class AnthropicWire(AnthropicErrors):
             raise ValueError("not a message")
         text: list[str] = []
         reasoning: list[str] = []
+        thoughts: list[dict[str, Any]] = []
         calls: list[dict[str, Any]] = []
         for block in message.get("content") or ():
             kind = block.get("type")
@@ -154,6 +163,9 @@ class AnthropicWire(AnthropicErrors):
                 text.append(block.get("text") or "")
             elif kind == "thinking":
                 reasoning.append(block.get("thinking") or "")
+                thoughts.append(_thought(block))
+            elif kind == "redacted_thinking":
+                thoughts.append({"type": kind, "data": block.get("data") or ""})
             elif kind == "tool_use":
                 arguments = orjson.dumps(block.get("input") or {}).decode()
                 calls.append(
@@ -168,6 +180,8 @@ class AnthropicWire(AnthropicErrors):
             reply["tool_calls"] = calls
         if reasoning:
             reply["reasoning_content"] = "".join(reasoning)
+        if thoughts:
+            reply["thinking_blocks"] = thoughts
         payload = {
             "id": message.get("id") or "",
             "object": "chat.completion",
@@ -188,6 +202,16 @@ class AnthropicWire(AnthropicErrors):
         return MessageStream(
             self.model, self.created, self.usage_wanted, self.trim, max_event_bytes
         )
+
+
+def _thought(block: dict[str, Any]) -> dict[str, Any]:
+    """A thinking block as the chat answer carries it: its text and signature exactly."""
+    text, signature = block.get("thinking"), block.get("signature")
+    return {
+        "type": "thinking",
+        "thinking": text if isinstance(text, str) else "",
+        "signature": signature if isinstance(signature, str) else "",
+    }
 
 
 class NativeWire(AnthropicErrors):
@@ -352,6 +376,9 @@ class MessageStream:
             out.append(self._chunk({"tool_calls": [call]}))
         elif kind == "text" and block.get("text"):
             out.append(self._chunk({"content": block["text"]}))
+        elif kind == "redacted_thinking":  # comes whole: no deltas follow
+            redacted = {"type": kind, "data": block.get("data") or ""}
+            out.append(self._chunk({"thinking_blocks": [redacted]}))
         else:
             out.append(_PING)
 
@@ -374,7 +401,10 @@ class MessageStream:
             out.append(self._chunk({"tool_calls": [call]}))
         elif kind == "thinking_delta":
             out.append(self._chunk({"reasoning_content": delta.get("thinking") or ""}))
-        else:  # signature_delta, citations: nothing a chat client reads
+        elif kind == "signature_delta":  # ends its thinking block: the client sends it back
+            signed = _thought({"thinking": "", "signature": delta.get("signature")})
+            out.append(self._chunk({"thinking_blocks": [signed]}))
+        else:  # citations: nothing a chat client reads
             out.append(_PING)
 
     def _message_delta(self, payload: dict[str, Any], out: list[bytes]) -> None:

@@ -15,7 +15,7 @@ COMPLETE_REASONS = frozenset({"stop", "length", "tool_calls", "function_call"})
 
 
 class _Choice:
-    __slots__ = ("content", "finish", "reasoning", "refusal", "role", "tools")
+    __slots__ = ("content", "finish", "reasoning", "refusal", "role", "thought", "tools")
 
     def __init__(self) -> None:
         self.role = "assistant"
@@ -24,6 +24,38 @@ class _Choice:
         self.refusal: list[str] = []
         self.tools: dict[int, dict[str, Any]] = {}
         self.finish: str | None = None
+        # Signed thinking blocks (`thinking_blocks` deltas): a block's text is the reasoning
+        # since the block before it closed, the delta brings its signature.
+        self.thought: _Thought | None = None
+
+
+class _Thought:
+    __slots__ = ("blocks", "said")
+
+    def __init__(self) -> None:
+        self.blocks: list[dict[str, Any]] = []
+        self.said = 0  # reasoning characters already in a block
+
+
+def _merge_thoughts(choice: _Choice, given: list[Any]) -> bool:
+    thought = choice.thought
+    if thought is None:
+        thought = choice.thought = _Thought()
+    for block in given:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "thinking":
+            signature, text = block.get("signature"), block.get("thinking") or ""
+            if not isinstance(signature, str) or not isinstance(text, str):
+                return False
+            reasoning = "".join(next(iter(choice.reasoning.values()), []))
+            text = reasoning[thought.said :] + text
+            thought.said = len(reasoning)
+            thought.blocks.append({"type": kind, "thinking": text, "signature": signature})
+        elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
+            thought.blocks.append({"type": kind, "data": block["data"]})
+        else:
+            return False
+    return True
 
 
 def assemble(path: str, events: list[StreamEvent], usage: Any = None) -> bytes | None:
@@ -138,6 +170,9 @@ def _merge_delta(choice: _Choice, delta: dict[str, Any]) -> bool:
             choice.refusal.append(value)
         elif name in REASONING_FIELDS and isinstance(value, str):
             choice.reasoning.setdefault(name, []).append(value)
+        elif name == "thinking_blocks" and isinstance(value, list):
+            if not _merge_thoughts(choice, value):
+                return False
         elif name == "tool_calls" and isinstance(value, list):
             for call in value:
                 if not isinstance(call, dict) or not isinstance(call.get("index"), int):
@@ -170,6 +205,8 @@ def _chat_message(index: int, choice: _Choice) -> dict[str, Any]:
     }
     for name, pieces in choice.reasoning.items():
         message[name] = "".join(pieces)
+    if choice.thought is not None:
+        message["thinking_blocks"] = choice.thought.blocks
     if choice.tools:
         message["tool_calls"] = [
             {"type": "function", **choice.tools[i]} for i in sorted(choice.tools)

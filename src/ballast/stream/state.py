@@ -24,7 +24,9 @@ class ToolCall:
 # Delta fields that carry model output other than `content`. Reasoning comes as
 # `reasoning_content` (DeepSeek, vLLM) or `reasoning` (OpenRouter, Ollama).
 REASONING_FIELDS = ("reasoning_content", "reasoning")
-_OTHER_OUTPUT = ("refusal", "audio", "function_call")
+# `thinking_blocks`: a thinking block's signature, or a redacted one (anthropic_wire.py):
+# output no regenerated answer would repeat, so such a stream is never continued.
+_OTHER_OUTPUT = ("refusal", "audio", "function_call", "thinking_blocks")
 _TERMINAL = frozenset(("response.completed", "response.incomplete", "response.failed"))
 # Content blocks of a Messages stream that come whole, with no deltas after them.
 _STREAMED_BLOCKS = frozenset(("text", "thinking", "tool_use", "server_tool_use"))

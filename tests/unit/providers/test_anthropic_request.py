@@ -85,6 +85,7 @@ class _Call:
     request_id = None
     forwarded: tuple[tuple[str, str], ...] = ()
     bridge = None
+    extended = False
 
     def __init__(self, payload: dict[str, Any], edits: dict[str, Any] | None = None) -> None:
         self.payload = payload
@@ -120,6 +121,52 @@ def test_edits_are_applied_once_before_translation_and_thinking_takes_no_prefill
     assert out["max_tokens"] == 7 and "metadata" not in out
     assert [m["role"] for m in out["messages"]] == ["user"]  # thinking: regenerated instead
     assert payload["user"] == "u-1"  # the client's payload is left as it came
+
+
+MARK = {"type": "ephemeral"}
+SIGNED = {"type": "thinking", "thinking": "hm", "signature": "c2ln"}
+REDACTED = {"type": "redacted_thinking", "data": "ZW5j"}
+
+
+def test_earlier_thinking_opens_its_turn_exactly_and_marks_stay_where_they_were() -> None:
+    call = {"id": "t1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    payload: dict[str, Any] = {
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "s", "cache_control": MARK}]},
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": [{"type": "text", "text": "calling", "cache_control": MARK}],
+                "tool_calls": [{**call, "cache_control": MARK}],
+                "thinking_blocks": [SIGNED, REDACTED],
+            },
+            {"role": "tool", "tool_call_id": "t1", "content": "r", "cache_control": MARK},
+        ],
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+    }
+    out = messages_request(payload, "m", 16)
+    assert out["system"] == [{"type": "text", "text": "s", "cache_control": MARK}]
+    assert out["thinking"] == payload["thinking"]
+    _, assistant, results = out["messages"]
+    assert assistant["content"] == [
+        SIGNED,
+        REDACTED,
+        {"type": "text", "text": "calling", "cache_control": MARK},
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}, "cache_control": MARK},
+    ]
+    assert results["content"] == [
+        {"type": "tool_result", "tool_use_id": "t1", "content": "r", "cache_control": MARK}
+    ]
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [{"type": "thinking"}, [{"type": "thinking", "thinking": "t"}], [{"type": "text"}]],
+)
+def test_thinking_blocks_that_could_not_be_sent_back_exactly_are_refused(blocks: Any) -> None:
+    message = {"role": "assistant", "content": "x", "thinking_blocks": blocks}
+    with pytest.raises(Untranslatable, match="thinking"):
+        messages_request({"messages": [{"role": "user", "content": "x"}, message]}, "m", 16)
 
 
 @pytest.mark.parametrize(

@@ -223,3 +223,44 @@ def test_cache_writes_are_kept_apart_in_the_translated_usage() -> None:
             "cache_write_1h_tokens": 6,
         },
     }
+
+
+REDACTED_START = {"type": "redacted_thinking", "data": "ZW5j"}
+SIGNED = b"".join(
+    [
+        _event("message_start", message={"id": "msg_2", "usage": {"input_tokens": 4}}),
+        _event("content_block_start", index=0, content_block=REDACTED_START),
+        _event("content_block_stop", index=0),
+        _event("content_block_start", index=1, content_block={"type": "thinking", "thinking": ""}),
+        _event("content_block_delta", index=1, delta={"type": "thinking_delta", "thinking": "hm"}),
+        _event(
+            "content_block_delta", index=1, delta={"type": "signature_delta", "signature": "c2ln"}
+        ),
+        _event("content_block_stop", index=1),
+        _event("content_block_start", index=2, content_block={"type": "text", "text": ""}),
+        _event("content_block_delta", index=2, delta={"type": "text_delta", "text": "ok"}),
+        _event("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 3}),
+        _event("message_stop"),
+    ]
+)
+
+
+def test_signed_and_redacted_thinking_come_as_thinking_blocks_whole_and_streamed() -> None:
+    redacted = {"type": "redacted_thinking", "data": "ZW5j"}
+    signed = {"type": "thinking", "thinking": "hm", "signature": "c2ln"}
+    message = {"type": "message", "content": [redacted, signed, {"type": "text", "text": "ok"}]}
+    reply = wire().answer(orjson.dumps(message))[1]["choices"][0]["message"]
+    assert reply["thinking_blocks"] == [redacted, signed] and reply["reasoning_content"] == "hm"
+    deltas = [
+        orjson.loads(e[6:])["choices"][0]["delta"]
+        for e in wire(usage=False).decoder().feed(SIGNED)
+        if e.startswith(b"data: {")
+    ]
+    assert deltas[1:4] == [
+        {"thinking_blocks": [redacted]},
+        {"reasoning_content": "hm"},
+        {"thinking_blocks": [{"type": "thinking", "thinking": "", "signature": "c2ln"}]},
+    ]
+    state = StreamState()
+    state.observe({"choices": [{"index": 0, "delta": deltas[3]}]})
+    assert state.output and state.untracked  # no regenerated answer repeats a signature
