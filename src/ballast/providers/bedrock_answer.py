@@ -88,7 +88,7 @@ class ConverseStream:
         self._trim = trim
         self._tools: dict[int, int] = {}  # content block index -> tool call index
         self._finished = False
-        self._usage: dict[str, int] | None = None
+        self._usage: dict[str, Any] | None = None
 
     def feed(self, frame: Frame) -> list[dict[str, Any]]:
         kind = frame.header(":message-type") or "event"
@@ -157,11 +157,24 @@ class ConverseStream:
         return []
 
 
-def _usage(data: dict[str, Any]) -> dict[str, int] | None:
+def _usage(data: dict[str, Any]) -> dict[str, Any] | None:
+    """Converse usage as chat usage: tokens read from and written to the prompt cache
+    (`cachePoint`) are prompt tokens too, the reads `cached_tokens` and the writes
+    `cache_write_tokens` (Bedrock's cache lasts five minutes), as Anthropic's are."""
     usage = data.get("usage")
     if not isinstance(usage, dict) or "inputTokens" not in usage:
         return None
-    return cs.usage(cs.count(usage["inputTokens"]), cs.count(usage.get("outputTokens")))
+    read = cs.count(usage.get("cacheReadInputTokens"))
+    written = cs.count(usage.get("cacheWriteInputTokens"))
+    prompt = cs.count(usage["inputTokens"]) + read + written
+    out: dict[str, Any] = cs.usage(prompt, cs.count(usage.get("outputTokens")))
+    if read or written:
+        out["prompt_tokens_details"] = {
+            "cached_tokens": read,
+            "cache_write_tokens": written,
+            "cache_write_1h_tokens": 0,
+        }
+    return out
 
 
 def error_kind(status: int, error_type: str | None, message: str) -> Kind:

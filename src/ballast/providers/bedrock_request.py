@@ -2,7 +2,11 @@
 
 Converse messages are `user` and `assistant` turns of content blocks: text, image (its bytes
 as base64 in the JSON wire), `toolUse` and `toolResult`; tool results ride in a user turn and
-consecutive turns of one role are merged, since Converse wants the roles to alternate."""
+consecutive turns of one role are merged, since Converse wants the roles to alternate.
+
+A prompt cache mark (`cache_control` on a content part, a tool call, a tool message or a
+tool, as a bridged Messages request keeps them) is a `cachePoint` block right after what it
+marked: in `system`, in a turn's content, or in the tools. Thinking is not carried."""
 
 from __future__ import annotations
 
@@ -13,6 +17,27 @@ import orjson
 import ballast.providers.chat_shapes as cs
 
 _FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/gif": "gif", "image/webp": "webp"}
+CACHE_POINT = {"cachePoint": {"type": "default"}}
+
+
+def _marked(given: Any) -> bool:
+    return isinstance(given, dict) and given.get("cache_control") is not None
+
+
+def _texts(content: Any) -> list[dict[str, Any]]:
+    """A message's text as text blocks: one, or one a part with a cache point after each
+    marked part."""
+    parts = cs.parts(content)
+    if not any(_marked(p) for p in parts):
+        text = cs.text_of(parts)
+        return [{"text": text}] if text else []
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        if part.get("type") == "text":
+            out.append({"text": part["text"]})
+            if _marked(part):
+                out.append(CACHE_POINT)
+    return out
 
 
 def converse_body(payload: dict[str, Any]) -> dict[str, Any]:
@@ -22,9 +47,7 @@ def converse_body(payload: dict[str, Any]) -> dict[str, Any]:
     for message in messages:
         role = message.get("role")
         if role in ("system", "developer"):
-            text = cs.text_of(message.get("content"))
-            if text:
-                system.append({"text": text})
+            system.extend(_texts(message.get("content")))
             continue
         bedrock_role, blocks = _turn(message, role)
         if turns and turns[-1]["role"] == bedrock_role:
@@ -45,20 +68,30 @@ def converse_body(payload: dict[str, Any]) -> dict[str, Any]:
 
 def _turn(message: dict[str, Any], role: Any) -> tuple[str, list[dict[str, Any]]]:
     if role == "user":
-        return "user", [_block(p) for p in cs.parts(message.get("content"))]
+        blocks: list[dict[str, Any]] = []
+        for part in cs.parts(message.get("content")):
+            blocks.append(_block(part))
+            if _marked(part):
+                blocks.append(CACHE_POINT)
+        return "user", blocks
     if role == "assistant":
-        text = cs.text_of(message.get("content"))
-        blocks: list[dict[str, Any]] = [{"text": text}] if text else []
+        blocks = _texts(message.get("content"))
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
             use = {"toolUseId": call.get("id"), "name": function.get("name")}
             blocks.append({"toolUse": {**use, "input": cs.arguments(call)}})
+            if _marked(call):
+                blocks.append(CACHE_POINT)
         return "assistant", blocks
     if role == "tool":
         ident = message.get("tool_call_id")
         if not isinstance(ident, str) or not ident:
             raise cs.bad_request("a tool message needs its tool_call_id")
-        return "user", [{"toolResult": {"toolUseId": ident, "content": _result(message)}}]
+        blocks = [{"toolResult": {"toolUseId": ident, "content": _result(message)}}]
+        content = message.get("content")
+        if _marked(message) or any(_marked(p) for p in cs.seq(content)):
+            blocks.append(CACHE_POINT)  # none inside a result: after it
+        return "user", blocks
     raise cs.unsupported(f"message role {role!r} is not supported")
 
 
@@ -101,8 +134,9 @@ def _inference_config(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tool_config(payload: dict[str, Any]) -> dict[str, Any] | None:
-    tools = []
-    for function in cs.functions(payload, "Bedrock"):
+    tools: list[dict[str, Any]] = []
+    given = payload.get("tools")  # each checked by cs.functions: its function, in order
+    for tool, function in zip(cs.seq(given), cs.functions(payload, "Bedrock"), strict=True):
         spec: dict[str, Any] = {
             "name": function["name"],
             "inputSchema": {"json": function.get("parameters") or {"type": "object"}},
@@ -110,6 +144,8 @@ def _tool_config(payload: dict[str, Any]) -> dict[str, Any] | None:
         if function.get("description"):
             spec["description"] = function["description"]
         tools.append({"toolSpec": spec})
+        if _marked(tool):
+            tools.append(CACHE_POINT)
     if not tools:
         return None
     config: dict[str, Any] = {"tools": tools}

@@ -120,3 +120,25 @@ def test_bedrock_errors_map_to_the_taxonomy(
     )
     assert by_body.kind is kind
     assert orjson.loads(failure.body or b"")["error"]["message"] == message
+
+
+def test_prompt_cache_reads_and_writes_are_prompt_tokens_kept_apart() -> None:
+    usage = {"inputTokens": 2, "outputTokens": 4, "cacheReadInputTokens": 50}
+    data = {"output": {"message": {"content": [{"text": "x"}]}}, "usage": usage}
+    assert whole(data, IDS)["usage"] == {
+        "prompt_tokens": 52,
+        "completion_tokens": 4,
+        "total_tokens": 56,
+        "prompt_tokens_details": {
+            "cached_tokens": 50,
+            "cache_write_tokens": 0,
+            "cache_write_1h_tokens": 0,
+        },
+    }
+    stream = ConverseStream(IDS)
+    stream.feed(_event("messageStop", {"stopReason": "end_turn"}))
+    written = {"inputTokens": 2, "outputTokens": 1, "cacheWriteInputTokens": 7}
+    stream.feed(_event("metadata", {"usage": written}))
+    (closing,) = stream.end(True)
+    assert closing["usage"]["prompt_tokens"] == 9
+    assert closing["usage"]["prompt_tokens_details"]["cache_write_tokens"] == 7

@@ -8,6 +8,7 @@ import copy
 from typing import Any
 
 import botocore.session  # type: ignore[import-untyped]
+import orjson
 import pytest
 from botocore.validate import ParamValidator  # type: ignore[import-untyped]
 
@@ -91,3 +92,39 @@ def test_a_remote_image_url_is_unsupported_so_another_provider_may_answer() -> N
     with pytest.raises(Failure) as caught:
         converse_body({"messages": [{"role": "user", "content": [image]}]})
     assert caught.value.kind is failures.UNSUPPORTED
+
+
+MARK = {"type": "ephemeral"}
+POINT = {"cachePoint": {"type": "default"}}
+
+
+def test_each_cache_mark_is_a_cache_point_after_what_it_marked() -> None:
+    body = converse_body(
+        {
+            "messages": [
+                {
+                    "role": "system",
+                    "content": [{"type": "text", "text": "s", "cache_control": MARK}],
+                },
+                {"role": "user", "content": [{"type": "text", "text": "a", "cache_control": MARK}]},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "text", "text": "b", "cache_control": MARK}],
+                    "tool_calls": [{**CALL, "cache_control": MARK}],
+                    "thinking_blocks": [{"type": "redacted_thinking", "data": "ZW5j"}],
+                },
+                {"role": "tool", "tool_call_id": "tu_1", "content": "r", "cache_control": MARK},
+            ],
+            "tools": [{**TOOL, "cache_control": MARK}],
+            "thinking": {"type": "enabled", "budget_tokens": 1024},  # not carried
+        }
+    )
+    _validate(body)
+    assert body["system"] == [{"text": "s"}, POINT]
+    user, assistant, result = body["messages"]
+    assert user["content"] == [{"text": "a"}, POINT]
+    use = {"toolUse": {"toolUseId": "tu_1", "name": "lookup", "input": {"q": 1}}}
+    assert assistant["content"] == [{"text": "b"}, POINT, use, POINT]
+    assert result["content"][1:] == [POINT]
+    assert body["toolConfig"]["tools"][1:] == [POINT]
+    assert "thinking" not in orjson.dumps(body).decode()
