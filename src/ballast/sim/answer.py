@@ -80,6 +80,7 @@ class Answer:
     prompt_tokens: int
     prefill: bool
     continued: bool
+    cache: tuple[int, int] | None = None  # prompt tokens (read, written) by a prompt cache
 
     @property
     def text(self) -> str:

@@ -32,6 +32,7 @@ from ballast.sim.answer import Answer, chat_answer
 from ballast.sim.behaviour import Behaviour
 from ballast.sim.bodies import TOOL_NAME, format_retry_after, tool_arguments
 from ballast.sim.conn import close, pause, reset
+from ballast.sim.prompt_cache import anthropic_blocks, marks
 from ballast.sim.state import SIM_STATE, mask_secret
 
 BEHAVIOUR_HEADER = "x-sim-behaviour"
@@ -296,6 +297,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     entry = state.record(model=model, path=request.path, behaviour=behaviour.spec, outcome=outcome,
                          stream=stream, prefill=answer.prefill, headers=headers)  # fmt: skip
     entry["fields"] = sorted(body)
+    entry["cache_marks"] = marks(anthropic_blocks(body))
     if behaviour.shape == "agent":  # what came back from the tools, for the tests to read
         entry["tool_results"] = tool_results(body)
     if problem is not None:

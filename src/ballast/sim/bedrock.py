@@ -18,6 +18,7 @@ from ballast.sim.answer import Answer
 from ballast.sim.behaviour import Behaviour
 from ballast.sim.bodies import TOOL_NAME, Ids, format_retry_after, tool_arguments
 from ballast.sim.native import BadCall, NativeCall, handle
+from ballast.sim.prompt_cache import converse_blocks, marks, prefix
 
 _ERRORS = {
     "429": (429, "ThrottlingException", "Too many requests, please wait before trying again."),
@@ -132,8 +133,14 @@ def _stop(answer: Answer, behaviour: Behaviour) -> str:
 
 
 def _usage(answer: Answer, emitted: int) -> dict[str, int]:
+    """Converse's usage: tokens read from or written to the prompt cache apart."""
     prompt = answer.prompt_tokens
-    return {"inputTokens": prompt, "outputTokens": emitted, "totalTokens": prompt + emitted}
+    usage = {"inputTokens": prompt, "outputTokens": emitted, "totalTokens": prompt + emitted}
+    if answer.cache is not None:
+        read, written = answer.cache
+        usage["inputTokens"] = prompt - read - written
+        usage.update(cacheReadInputTokens=read, cacheWriteInputTokens=written)
+    return usage
 
 
 def _tool_id(ids: Ids) -> str:
@@ -163,7 +170,16 @@ def _call(body: Any, model: str, stream: bool, token: str | None) -> NativeCall 
         return BadCall("messages: the final assistant turn needs text")
     config = body.get("inferenceConfig") or {}
     limit = config.get("maxTokens") if isinstance(config, dict) else None
-    return NativeCall(model, messages, limit if isinstance(limit, int) else None, stream, token)
+    blocks = converse_blocks(body)
+    return NativeCall(
+        model,
+        messages,
+        limit if isinstance(limit, int) else None,
+        stream,
+        token,
+        cache_prefix=prefix(blocks),
+        cache_marks=tuple(marks(blocks)),
+    )
 
 
 def _text(blocks: list[Any]) -> str:

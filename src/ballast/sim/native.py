@@ -45,6 +45,8 @@ class NativeCall:
     stream: bool
     token: str | None  # the bearer token or key, for 401 and expired_token
     include_usage: bool = True
+    cache_prefix: str | None = None  # the prompt up to its last cache mark (prompt_cache.py)
+    cache_marks: tuple[str, ...] = ()  # where the marks are, for the tests to read
 
 
 class Wire(Protocol):
@@ -97,6 +99,8 @@ async def handle(
         model=call.model, path=request.path, behaviour=behaviour.spec, outcome=outcome,
         stream=call.stream, prefill=answer.prefill, headers=headers,
     )  # fmt: skip
+    if call.cache_marks:
+        entry["cache_marks"] = list(call.cache_marks)
     if outcome in ERRORS:
         return _respond(wire.error(parse_as(behaviour, outcome), answer))
     if outcome == "reset":
@@ -109,6 +113,10 @@ async def handle(
         entry["disconnected"] = True
         return web.Response()
     ids = Ids(state.next_id(), int(time.time()), call.model, state.name)
+    if call.cache_prefix is not None:
+        answer = replace(
+            answer, cache=state.prompt_cache.split(call.cache_prefix, answer.prompt_tokens)
+        )
     if not call.stream:
         entry["tokens"] = answer.completion_tokens
         body = wire.whole(ids, answer, behaviour)

@@ -1,7 +1,9 @@
-"""Anthropic's prompt cache, as the simulator reports it: the system prompt up to its last
-`cache_control` mark is written to the cache the first time the simulator sees it and read
-from it after that, and the usage says so the way Anthropic's does (`input_tokens` counts
-only what was neither read nor written)."""
+"""Prompt caches, as the simulator reports them: the prompt's text up to its last cache mark
+(Anthropic's `cache_control` on a system or message block, Bedrock's `cachePoint` block) is
+written to the cache the first time the simulator sees it and read from it after that, and
+the usage says so the way the provider's does (`input_tokens` counts only what was neither
+read nor written). Where the marks were is recorded too, so a test sees that each one
+reached the upstream where the client put it."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import hashlib
 from typing import Any
 
 from ballast.sim.answer import count_words
+
+Blocks = list[tuple[str, str, bool]]  # (where, text, marked), in the prompt's order
 
 
 class PromptCache:
@@ -19,35 +23,95 @@ class PromptCache:
         self._limit = limit
 
     def usage(self, body: dict[str, Any], prompt_tokens: int) -> dict[str, int]:
-        """The usage's input fields for `body`, whose prompt is `prompt_tokens` long."""
-        prefix = _marked_prefix(body)
-        if prefix is None:
+        """Anthropic's usage input fields for `body`, whose prompt is `prompt_tokens` long."""
+        split = self.split(prefix(anthropic_blocks(body)), prompt_tokens)
+        if split is None:
             return {"input_tokens": prompt_tokens}
-        cached = min(count_words([prefix]), prompt_tokens)
-        key = hashlib.sha256(prefix.encode()).hexdigest()
-        hit = key in self._seen
-        if not hit:
-            if len(self._seen) >= self._limit:
-                for old in list(self._seen)[: self._limit // 2]:
-                    del self._seen[old]
-            self._seen[key] = None
+        read, written = split
         return {
-            "input_tokens": prompt_tokens - cached,
-            "cache_creation_input_tokens": 0 if hit else cached,
-            "cache_read_input_tokens": cached if hit else 0,
+            "input_tokens": prompt_tokens - read - written,
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": read,
         }
 
+    def split(self, prefix: str | None, prompt_tokens: int) -> tuple[int, int] | None:
+        """(tokens read, tokens written) for a prompt whose marked prefix is `prefix`; None
+        when nothing is marked."""
+        if prefix is None:
+            return None
+        cached = min(count_words([prefix]), prompt_tokens)
+        key = hashlib.sha256(prefix.encode()).hexdigest()
+        if key in self._seen:
+            return cached, 0
+        if len(self._seen) >= self._limit:
+            for old in list(self._seen)[: self._limit // 2]:
+                del self._seen[old]
+        self._seen[key] = None
+        return 0, cached
 
-def _marked_prefix(body: dict[str, Any]) -> str | None:
-    """The system prompt's text up to and with its last block marked `cache_control`."""
-    system = body.get("system")
-    if not isinstance(system, list):
+
+def marks(blocks: Blocks) -> list[str]:
+    """Where the prompt's cache marks are."""
+    return [where for where, _, marked in blocks if marked]
+
+
+def prefix(blocks: Blocks) -> str | None:
+    """The prompt's text up to and with its last marked block."""
+    last = max((i for i, (_, _, marked) in enumerate(blocks) if marked), default=None)
+    if last is None:
         return None
-    texts: list[str] = []
-    marked = None
-    for block in system:
-        if isinstance(block, dict) and isinstance(block.get("text"), str):
-            texts.append(block["text"])
-            if block.get("cache_control") is not None:
-                marked = len(texts)
-    return None if marked is None else "\n".join(texts[:marked])
+    return "\n".join(text for _, text, _ in blocks[: last + 1] if text)
+
+
+def anthropic_blocks(body: dict[str, Any]) -> Blocks:
+    """A Messages body's tools, system blocks and message blocks, in order."""
+    out: Blocks = []
+    for i, tool in enumerate(_seq(body.get("tools"))):
+        out.append((f"tools.{i}", "", _mark(tool)))
+    for i, block in enumerate(_seq(body.get("system"))):
+        out.append((f"system.{i}", _text(block), _mark(block)))
+    for i, message in enumerate(_seq(body.get("messages"))):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            out.append((f"messages.{i}", content, False))
+        for j, block in enumerate(_seq(content)):
+            where = f"messages.{i}.content.{j}"
+            out.append((where, _text(block), _mark(block)))
+            inner = block.get("content") if isinstance(block, dict) else None
+            for k, nested in enumerate(_seq(inner)):  # a tool result's own blocks
+                out.append((f"{where}.content.{k}", "", _mark(nested)))
+    return out
+
+
+def converse_blocks(body: dict[str, Any]) -> Blocks:
+    """A Converse body's tools, system blocks and message blocks, in order; a `cachePoint`
+    block marks the place it stands."""
+    out: Blocks = []
+    config = body.get("toolConfig")
+    tools = config.get("tools") if isinstance(config, dict) else None
+    for i, tool in enumerate(_seq(tools)):
+        out.append((f"toolConfig.tools.{i}", "", _point(tool)))
+    for i, block in enumerate(_seq(body.get("system"))):
+        out.append((f"system.{i}", _text(block), _point(block)))
+    for i, message in enumerate(_seq(body.get("messages"))):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, block in enumerate(_seq(content)):
+            out.append((f"messages.{i}.content.{j}", _text(block), _point(block)))
+    return out
+
+
+def _seq(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _text(block: Any) -> str:
+    text = block.get("text") if isinstance(block, dict) else None
+    return text if isinstance(text, str) else ""
+
+
+def _mark(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("cache_control") is not None
+
+
+def _point(block: Any) -> bool:
+    return isinstance(block, dict) and "cachePoint" in block
