@@ -38,17 +38,44 @@ def stop_reason(finish: Any, matched: Any, stops: Any) -> tuple[str, str | None]
 
 
 def usage_of(usage: Any, estimate: int = 0) -> dict[str, int]:
-    """Anthropic usage from chat usage. Anthropic counts tokens read from a prompt cache
-    apart from `input_tokens`; a chat upstream counts them inside `prompt_tokens`."""
+    """Anthropic usage from chat usage. Anthropic counts tokens read from and written to a
+    prompt cache apart from `input_tokens`; a chat upstream counts them inside
+    `prompt_tokens` (the writes in `prompt_tokens_details`, as Ballast's Anthropic and
+    Bedrock translations report them)."""
     if not isinstance(usage, dict):
         return {"input_tokens": estimate, "output_tokens": 0}
     prompt = _count(usage.get("prompt_tokens"))
     details = usage.get("prompt_tokens_details")
-    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
-    cached = min(cached, prompt)
-    out = {"input_tokens": prompt - cached, "output_tokens": _count(usage.get("completion_tokens"))}
+    if not isinstance(details, dict):
+        details = {}
+    cached = min(_count(details.get("cached_tokens")), prompt)
+    written = _count(details.get("cache_write_tokens")) + _count(
+        details.get("cache_write_1h_tokens")
+    )
+    written = min(written, prompt - cached)
+    out = {
+        "input_tokens": prompt - cached - written,
+        "output_tokens": _count(usage.get("completion_tokens")),
+    }
+    if written:
+        out["cache_creation_input_tokens"] = written
     if cached:
         out["cache_read_input_tokens"] = cached
+    return out
+
+
+def thinking_blocks(given: Any) -> list[dict[str, Any]]:
+    """The signed thinking blocks a chat answer carries (anthropic_wire.py's
+    `thinking_blocks`), as Anthropic gave them; none it cannot read."""
+    out: list[dict[str, Any]] = []
+    for block in given if isinstance(given, list) else ():
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "thinking":
+            text, signature = block.get("thinking"), block.get("signature")
+            if isinstance(text, str) and isinstance(signature, str):
+                out.append({"type": kind, "thinking": text, "signature": signature})
+        elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
+            out.append({"type": kind, "data": block["data"]})
     return out
 
 
@@ -79,10 +106,10 @@ def message_body(chat: dict[str, Any], model: str, stops: Any, estimate: int = 0
     message = choice.get("message")
     if not isinstance(message, dict):
         message = {}
-    content: list[dict[str, Any]] = []
-    for name in REASONING_FIELDS:
+    content = thinking_blocks(message.get("thinking_blocks"))
+    for name in REASONING_FIELDS if not content else ():
         reasoning = message.get(name)
-        if isinstance(reasoning, str) and reasoning:
+        if isinstance(reasoning, str) and reasoning:  # unsigned: no Anthropic model made it
             content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
             break
     text = message.get("content")

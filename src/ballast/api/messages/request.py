@@ -4,10 +4,17 @@ Read field by field into a new chat payload (the pipeline's terms); anything unu
 400 naming the field the way Anthropic's API does (`messages.0.content.1.source.type`).
 What a chat completion has no place for is left out and named in `dropped` (the client
 learns it from the `x-ballast-dropped` header; docs/shapes.md lists them): `top_k`,
-`thinking` (the budget) and earlier turns' thinking blocks (chat upstreams reject or ignore
-reasoning in a request), `cache_control` marks, `service_tier`, `context_management`, MCP
-servers, a container, server tools (`tools.<type>`: Anthropic runs them, a chat upstream
-cannot), and any field this translation does not know."""
+`service_tier`, `context_management`, MCP servers, a container, server tools
+(`tools.<type>`: Anthropic runs them, a chat upstream cannot), and any field this
+translation does not know.
+
+Two extensions of the chat form are kept when asked (`keep`), for the providers that carry
+them (providers/base.Adapter.extensions), and otherwise left out and named like the rest:
+"cache_control" (the marks stay on the chat content parts, tools, tool calls and tool
+messages they were on, and a marked `system` is text parts rather than one string) and
+"thinking" (the `thinking` parameter as it came; an assistant turn's `thinking` and
+`redacted_thinking` blocks, exactly, as its `thinking_blocks`). `kept` names the ones a
+request used, so the shape can name what each deployment leaves out."""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from ballast.api.messages.extensions import Notes
 from ballast.pipeline.context import param_name
 from ballast.pipeline.errors import ApiError, bad_request
 
@@ -32,6 +40,7 @@ _READ = frozenset(
         "top_p",
         "tools",
         "tool_choice",
+        "thinking",
         "metadata",
         "output_config",
         "cache",
@@ -49,37 +58,46 @@ def invalid(field: str, message: str) -> ApiError:
 
 
 def to_chat(
-    payload: Any, counting: bool = False, dropped: list[str] | None = None
+    payload: Any,
+    counting: bool = False,
+    dropped: list[str] | None = None,
+    keep: frozenset[str] = frozenset(),
+    kept: list[str] | None = None,
 ) -> dict[str, Any]:
     """The chat payload for an Anthropic request body (already parsed JSON). `counting`:
     a count_tokens body, which needs no `max_tokens`. What it leaves out is appended to
-    `dropped`, each name once."""
-    if dropped is None:
-        dropped = []
+    `dropped`, the extensions it carries (of those in `keep`) to `kept`, each name once."""
+    notes = Notes([] if dropped is None else dropped, keep, [] if kept is None else kept)
     if not isinstance(payload, dict):
         raise bad_request("The request body must be a JSON object.")
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("model", "Field required" if model is None else "Input should be a string")
     chat: dict[str, Any] = {"model": model}
-    messages = _system(payload.get("system"), dropped)
+    messages = _system(payload.get("system"), notes)
     given = payload.get("messages")
     if not isinstance(given, list):
         raise invalid("messages", "Field required" if given is None else "Input should be a list")
     if not given and not counting:
         raise invalid("messages", "at least one message is required")
     for i, message in enumerate(given):
-        messages.extend(_message(message, f"messages.{i}", dropped))
+        messages.extend(_message(message, f"messages.{i}", notes))
     chat["messages"] = messages
     if not counting:
         chat["max_tokens"] = _max_tokens(payload.get("max_tokens"))
     for name in sorted(payload.keys() - _READ):
         if payload[name] is not None:
-            _drop(dropped, param_name(name))
+            notes.drop(param_name(name))
+    thinking = payload.get("thinking")
+    if thinking is not None:
+        if not isinstance(thinking, dict):
+            raise invalid("thinking", "Input should be an object")
+        if notes.carry("thinking"):
+            chat["thinking"] = thinking
     _sampling(payload, chat)
     tools = payload.get("tools")
     if tools is not None:
-        chat["tools"] = _tools(tools, dropped)
+        chat["tools"] = _tools(tools, notes)
         if not chat["tools"] and tools:
             del chat["tools"]
     choice = payload.get("tool_choice")
@@ -87,7 +105,7 @@ def to_chat(
         _tool_choice(choice, chat)
     output = payload.get("output_config")
     if output is not None:
-        _output_config(output, chat, dropped)
+        _output_config(output, chat, notes)
     metadata = payload.get("metadata")
     if metadata is not None:
         if not isinstance(metadata, dict):
@@ -109,18 +127,13 @@ def to_chat(
     return chat
 
 
-def _drop(dropped: list[str], name: str) -> None:
-    if name not in dropped:
-        dropped.append(name)
-
-
-def _output_config(output: Any, chat: dict[str, Any], dropped: list[str]) -> None:
+def _output_config(output: Any, chat: dict[str, Any], notes: Notes) -> None:
     """A JSON schema for the answer becomes the chat `response_format`; the effort level has
     no chat counterpart every upstream takes, and is left out."""
     if not isinstance(output, dict):
         raise invalid("output_config", "Input should be an object")
     if output.get("effort") is not None:
-        _drop(dropped, "output_config.effort")
+        notes.drop("output_config.effort")
     given = output.get("format")
     if given is None:
         return
@@ -162,21 +175,27 @@ def _sampling(payload: dict[str, Any], chat: dict[str, Any]) -> None:
             chat["stop"] = stops
 
 
-def _system(system: Any, dropped: list[str]) -> list[dict[str, Any]]:
+def _system(system: Any, notes: Notes, field: str = "system") -> list[dict[str, Any]]:
+    """A system message: its blocks' text joined, or its text parts where one is marked."""
     if system is None:
         return []
     if isinstance(system, str):
         return [{"role": "system", "content": system}] if system else []
     if not isinstance(system, list):
-        raise invalid("system", "Input should be a string or a list of text blocks")
-    texts = []
+        raise invalid(field, "Input should be a string or a list of text blocks")
+    parts = []
+    marked = False
     for i, block in enumerate(system):
         if not isinstance(block, dict) or block.get("type") != "text":
-            raise invalid(f"system.{i}.type", "Input should be 'text'")
-        if "cache_control" in block:
-            _drop(dropped, "cache_control")
-        texts.append(_text(block, f"system.{i}"))
-    return [{"role": "system", "content": "\n".join(texts)}] if texts else []
+            raise invalid(f"{field}.{i}.type", "Input should be 'text'")
+        part = {"type": "text", "text": _text(block, f"{field}.{i}")}
+        marked = notes.mark(block, part) or marked
+        parts.append(part)
+    if not parts:
+        return []
+    if marked:
+        return [{"role": "system", "content": parts}]
+    return [{"role": "system", "content": "\n".join(p["text"] for p in parts)}]
 
 
 def _text(block: dict[str, Any], field: str) -> str:
@@ -188,7 +207,7 @@ def _text(block: dict[str, Any], field: str) -> str:
     return text
 
 
-def _message(message: Any, field: str, dropped: list[str]) -> list[dict[str, Any]]:
+def _message(message: Any, field: str, notes: Notes) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: a user turn's tool results become tool
     messages of their own, ahead of what else the turn says."""
     if not isinstance(message, dict):
@@ -201,37 +220,54 @@ def _message(message: Any, field: str, dropped: list[str]) -> list[dict[str, Any
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise invalid(f"{field}.content", "Input should be a string or a list of blocks")
-    for block in content:
-        if isinstance(block, dict) and "cache_control" in block:
-            _drop(dropped, "cache_control")
     if role == "system":  # a system turn mid-conversation: its text blocks
-        return _system(content, dropped)
+        return _system(content, notes, f"{field}.content")
     if role == "assistant":
-        return [_assistant(content, f"{field}.content", dropped)]
-    return _user(content, f"{field}.content")
+        return [_assistant(content, f"{field}.content", notes)]
+    return _user(content, f"{field}.content", notes)
 
 
-def _assistant(blocks: list[Any], field: str, dropped: list[str]) -> dict[str, Any]:
-    texts: list[str] = []
+def _assistant(blocks: list[Any], field: str, notes: Notes) -> dict[str, Any]:
+    texts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
+    thoughts: list[dict[str, Any]] = []
+    marked = False
     for i, block in enumerate(blocks):
         kind = _kind(block, f"{field}.{i}")
         if kind in ("thinking", "redacted_thinking"):
-            _drop(dropped, kind)  # a chat upstream takes no earlier reasoning
+            thought = _thought(block, kind, f"{field}.{i}")
+            if notes.carry(kind):  # else: a chat upstream takes no earlier reasoning
+                thoughts.append(thought)
         elif kind == "text":
-            texts.append(_text(block, f"{field}.{i}"))
+            part = {"type": "text", "text": _text(block, f"{field}.{i}")}
+            marked = notes.mark(block, part) or marked
+            texts.append(part)
         elif kind == "tool_use":
-            calls.append(_tool_use(block, f"{field}.{i}"))
+            call = _tool_use(block, f"{field}.{i}")
+            notes.mark(block, call)
+            calls.append(call)
         else:
             raise invalid(
                 f"{field}.{i}.type", f"'{kind[:50]}' is not supported in an assistant turn"
             )
-    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
+    content: Any = texts if marked else "".join(p["text"] for p in texts) if texts else None
+    out: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         out["tool_calls"] = calls
-    elif out["content"] is None:
+    elif content is None:
         out["content"] = ""
+    if thoughts:
+        out["thinking_blocks"] = thoughts
     return out
+
+
+def _thought(block: dict[str, Any], kind: str, field: str) -> dict[str, Any]:
+    """A thinking block of an earlier turn, exactly (its signature covers its text)."""
+    names = ("thinking", "signature") if kind == "thinking" else ("data",)
+    for name in names:
+        if not isinstance(block.get(name), str):
+            raise invalid(f"{field}.{name}", "Field required")
+    return {"type": kind, **{name: block[name] for name in names}}
 
 
 def _tool_use(block: dict[str, Any], field: str) -> dict[str, Any]:
@@ -247,7 +283,7 @@ def _tool_use(block: dict[str, Any], field: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _user(blocks: list[Any], field: str) -> list[dict[str, Any]]:
+def _user(blocks: list[Any], field: str, notes: Notes) -> list[dict[str, Any]]:
     tools: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     for i, block in enumerate(blocks):
@@ -257,41 +293,53 @@ def _user(blocks: list[Any], field: str) -> list[dict[str, Any]]:
         elif kind == "image":
             parts.append(_image(block, f"{field}.{i}"))
         elif kind == "tool_result":
-            tools.append(_tool_result(block, f"{field}.{i}", parts))
+            tools.append(_tool_result(block, f"{field}.{i}", parts, notes))
+            continue
         else:
             raise invalid(f"{field}.{i}.type", f"'{kind[:50]}' is not supported in a user turn")
+        notes.mark(block, parts[-1])
     if not parts:
         return tools
-    if len(parts) == 1 and parts[0]["type"] == "text":
+    if len(parts) == 1 and parts[0]["type"] == "text" and "cache_control" not in parts[0]:
         return [*tools, {"role": "user", "content": parts[0]["text"]}]
     return [*tools, {"role": "user", "content": parts}]
 
 
-def _tool_result(block: dict[str, Any], field: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+def _tool_result(
+    block: dict[str, Any], field: str, parts: list[dict[str, Any]], notes: Notes
+) -> dict[str, Any]:
     """A tool message; images in the result go to `parts`, the user turn after it (a chat
-    tool message carries only text)."""
+    tool message carries only text). Its text is one string, or text parts where one of
+    them is marked; the result's own mark goes on the message."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise invalid(f"{field}.tool_use_id", "Field required")
     content = block.get("content", "")
+    texts: list[dict[str, Any]] = []
+    marked = False
     if isinstance(content, str):
-        text = content
+        texts.append({"type": "text", "text": content})
     elif isinstance(content, list):
-        texts = []
         for j, inner in enumerate(content):
             kind = _kind(inner, f"{field}.content.{j}")
             if kind == "text":
-                texts.append(_text(inner, f"{field}.content.{j}"))
+                texts.append({"type": "text", "text": _text(inner, f"{field}.content.{j}")})
             elif kind == "image":
                 parts.append(_image(inner, f"{field}.content.{j}"))
             else:
                 raise invalid(f"{field}.content.{j}.type", "Input should be 'text' or 'image'")
-        text = "\n".join(texts)
+            marked = notes.mark(inner, texts[-1] if kind == "text" else parts[-1]) or marked
     else:
         raise invalid(f"{field}.content", "Input should be a string or a list of blocks")
-    if block.get("is_error") is True:
-        text = "Error: " + text  # a chat tool message has no error flag of its own
-    return {"role": "tool", "tool_call_id": call_id, "content": text}
+    error = "Error: " if block.get("is_error") is True else ""  # chat has no error flag
+    if marked and texts:
+        texts[0] = {**texts[0], "text": error + texts[0]["text"]}
+        text: Any = texts
+    else:
+        text = error + "\n".join(p["text"] for p in texts)
+    message = {"role": "tool", "tool_call_id": call_id, "content": text}
+    notes.mark(block, message)
+    return message
 
 
 def _image(block: dict[str, Any], field: str) -> dict[str, Any]:
@@ -325,7 +373,7 @@ def _kind(block: Any, field: str) -> str:
     return kind
 
 
-def _tools(tools: Any, dropped: list[str]) -> list[dict[str, Any]]:
+def _tools(tools: Any, notes: Notes) -> list[dict[str, Any]]:
     if not isinstance(tools, list):
         raise invalid("tools", "Input should be a list")
     out = []
@@ -333,13 +381,11 @@ def _tools(tools: Any, dropped: list[str]) -> list[dict[str, Any]]:
         if not isinstance(tool, dict):
             raise invalid(f"tools.{i}", "Input should be an object")
         if tool.get("type") not in _CLIENT_TOOL_TYPES:
-            _drop(dropped, "tools." + param_name(str(tool.get("type"))))  # a server tool
+            notes.drop("tools." + param_name(str(tool.get("type"))))  # a server tool
             continue
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise invalid(f"tools.{i}.name", "Field required")
-        if "cache_control" in tool:
-            _drop(dropped, "cache_control")
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise invalid(f"tools.{i}.input_schema", "Field required")
@@ -347,7 +393,9 @@ def _tools(tools: Any, dropped: list[str]) -> list[dict[str, Any]]:
         description = tool.get("description")
         if isinstance(description, str):
             function["description"] = description
-        out.append({"type": "function", "function": function})
+        entry = {"type": "function", "function": function}
+        notes.mark(tool, entry)
+        out.append(entry)
     return out
 
 

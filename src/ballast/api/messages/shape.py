@@ -11,7 +11,9 @@
 
 A group mixing both fails over across them before the first byte: the native request
 carries its chat form (`bridge`) for the deployments that are bridged, and the stream's
-translator passes Anthropic's events or translates chat ones, whichever come. Keys come as
+translator passes Anthropic's events or translates chat ones, whichever come. The chat form
+keeps the cache marks and thinking a bridged deployment's provider carries, with the plain
+chat form as its own `bridge` for one that carries none (extensions.py). Keys come as
 Anthropic clients send them: `x-api-key`, or `Authorization: Bearer`."""
 
 from __future__ import annotations
@@ -22,21 +24,32 @@ import orjson
 
 from ballast.api.messages.answer import message_body
 from ballast.api.messages.errors import passthrough, render, stream_event
+from ballast.api.messages.extensions import left_out
 from ballast.api.messages.request import invalid, to_chat
 from ballast.api.messages.stream import MessagesStream, NativeStream
-from ballast.config import ModelGroup
+from ballast.config import Deployment, ModelGroup
 from ballast.pipeline.access import estimate_prompt_tokens
 from ballast.pipeline.asgi import Scope, header
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.duplicate_keys import DuplicateKeys
 from ballast.pipeline.errors import ApiError, bad_request
 from ballast.pipeline.shape import Modes, Resolve, Shape, StreamTranslator
+from ballast.providers import ADAPTERS
 
 # The fields read before the body is translated or forwarded.
 _DUPLICATES = DuplicateKeys(("model", "max_tokens", "stream", "fallbacks", "cache"))
-_NATIVE = frozenset(("native",))
-_BRIDGE = frozenset(("bridge",))
 _OWN = ("fallbacks", "cache")  # Ballast's own fields: never sent upstream
+# How a deployment serves Messages: natively, or bridged, carrying the extensions of the
+# chat form its provider carries (extensions.py).
+Way = str | frozenset[str]
+NATIVE = "native"
+_PLAIN: frozenset[Way] = frozenset((frozenset(),))  # no groups known: bridged, plain chat
+
+
+def way(deployment: Deployment) -> Way:
+    if deployment.messages_mode == "native":
+        return NATIVE
+    return ADAPTERS[deployment.provider].extensions
 
 
 def _fallbacks(payload: dict[str, Any]) -> tuple[str, ...]:
@@ -49,10 +62,27 @@ def _fallbacks(payload: dict[str, Any]) -> tuple[str, ...]:
     return tuple(given)
 
 
-def _chat(payload: dict[str, Any], counting: bool, dropped: list[str]) -> dict[str, Any]:
-    chat = to_chat(payload, counting, dropped)
+def _chat(
+    payload: dict[str, Any],
+    counting: bool,
+    dropped: list[str],
+    keep: frozenset[str] = frozenset(),
+    kept: list[str] | None = None,
+) -> dict[str, Any]:
+    chat = to_chat(payload, counting, dropped, keep, kept)
     chat.pop("fallbacks", None)
     return chat
+
+
+def _form(ctx: RequestContext, chat: dict[str, Any], extended: bool) -> RequestContext:
+    """`ctx` in another chat form, for the deployments that take it: the same request (its
+    id, its credential), with the same edits (one dict: what changes one changes both)."""
+    form = RequestContext("/chat/completions", chat, orjson.dumps(chat), ctx.model, ctx.stream)
+    form.request_id = ctx.request_id
+    form.authorization = ctx.authorization
+    form.edits = ctx.edits
+    form.extended = extended
+    return form
 
 
 class MessagesShape(Shape):
@@ -63,7 +93,7 @@ class MessagesShape(Shape):
     def __init__(self, resolve: Resolve | None = None) -> None:
         """`resolve`: the model groups now serving (to know their deployments' ways);
         without it every request is bridged."""
-        self._modes = None if resolve is None else Modes(resolve, lambda d: d.messages_mode)
+        self._ways = None if resolve is None else Modes(resolve, way)
 
     def parse(self, path: str, body: bytes) -> RequestContext:
         payload = _DUPLICATES.load(body)
@@ -89,23 +119,27 @@ class MessagesShape(Shape):
         return ctx
 
     def bind(self, ctx: RequestContext, group: ModelGroup) -> None:
-        """Native, bridged or both, now that the model group is known."""
+        """Native, bridged or both, now that the model group is known; bridged, in the
+        chat forms its deployments take (extensions.py)."""
         payload = ctx.payload
-        modes = _BRIDGE if self._modes is None else self._modes.of(group, ctx.fallbacks)
-        if modes != _NATIVE:
+        ways = _PLAIN if self._ways is None else self._ways.of(group, ctx.fallbacks)
+        carried = [w for w in ways if not isinstance(w, str)]
+        if carried:
             dropped: list[str] = []
-            chat = _chat(payload, False, dropped)
-            ctx.dropped = tuple(dropped)
-            if "native" not in modes:
-                ctx.path = "/chat/completions"
-                ctx.payload = chat
-                ctx.raw = orjson.dumps(chat)
+            kept: list[str] = []
+            chat = _chat(payload, False, dropped, frozenset().union(*carried), kept)
+            ctx.dropped = left_out(dropped, kept, carried)
+            native = NATIVE in ways
+            if native:
+                form = ctx.bridge = _form(ctx, chat, bool(kept))
+            else:
+                form = ctx
+                ctx.path, ctx.payload, ctx.raw = "/chat/completions", chat, orjson.dumps(chat)
+                ctx.extended = bool(kept)
+            if kept and frozenset() in carried:  # a deployment that carries none of it
+                form.bridge = _form(ctx, _chat(payload, False, []), False)
+            if not native:
                 return
-            bridge = RequestContext("/chat/completions", chat, orjson.dumps(chat), ctx.model, True)
-            bridge.stream = ctx.stream
-            bridge.request_id = ctx.request_id
-            bridge.authorization = ctx.authorization
-            ctx.bridge = bridge
         ctx.native = True
         ctx.usage_added = True  # a Messages stream always carries its usage
         for name in _OWN:
@@ -121,7 +155,7 @@ class MessagesShape(Shape):
     def answer(self, ctx: RequestContext, payload: dict[str, Any]) -> bytes | None:
         if ctx.native and payload.get("type") == "message":
             return None  # the upstream's own Message, as it came
-        chat = ctx.bridge or ctx
+        chat = _chat_form(ctx)
         message = message_body(
             payload, ctx.model, chat.payload.get("stop"), estimate_prompt_tokens(chat)
         )
@@ -130,7 +164,7 @@ class MessagesShape(Shape):
     def translator(self, ctx: RequestContext) -> StreamTranslator:
         if ctx.native and ctx.bridge is None:
             return NativeStream()
-        chat = ctx.bridge or ctx
+        chat = _chat_form(ctx)
         return MessagesStream(ctx.model, chat.payload.get("stop"), estimate_prompt_tokens(chat))
 
     def error(self, error: ApiError) -> tuple[int, bytes]:
@@ -141,6 +175,11 @@ class MessagesShape(Shape):
 
     def passthrough(self, status: int, body: bytes) -> tuple[int, bytes]:
         return passthrough(status, body)
+
+
+def _chat_form(ctx: RequestContext) -> RequestContext:
+    """The request's chat form (a native one's bridge), which a chat answer answers."""
+    return ctx.bridge if ctx.native and ctx.bridge is not None else ctx
 
 
 MESSAGES = MessagesShape()

@@ -2,12 +2,14 @@
 
 States: WAITING (nothing said yet; keep-alive comments become `ping` events), OPEN
 (`message_start` sent; content blocks open and close as the chat deltas change kind: thinking,
-text, one tool_use block per tool call), ENDED (`message_delta` and `message_stop` sent, or
-an `error` event). `message_start` is held until the first chat chunk, so it carries the
-upstream's answer id and model; its `input_tokens` is the upstream's count when that chunk
-reports usage, else the gateway's estimate, and `message_delta` carries the real input and
-output tokens of the usage chunk at the end (the SDK keeps the later figure). Reads each
-event's parsed data (`StreamEvent.json`); a stream broken past healing ends with `fail`."""
+text, one tool_use block per tool call; a `thinking_blocks` delta gives the open thinking
+block its signature and closes it, or is a redacted block of its own), ENDED
+(`message_delta` and `message_stop` sent, or an `error` event). `message_start` is held
+until the first chat chunk, so it carries the upstream's answer id and model; its
+`input_tokens` is the upstream's count when that chunk reports usage, else the gateway's
+estimate, and `message_delta` carries the real input and output tokens of the usage chunk at
+the end (the SDK keeps the later figure). Reads each event's parsed data
+(`StreamEvent.json`); a stream broken past healing ends with `fail`."""
 
 from __future__ import annotations
 
@@ -16,7 +18,13 @@ from typing import Any
 
 import orjson
 
-from ballast.api.messages.answer import REASONING_FIELDS, message_id, stop_reason, usage_of
+from ballast.api.messages.answer import (
+    REASONING_FIELDS,
+    message_id,
+    stop_reason,
+    thinking_blocks,
+    usage_of,
+)
 from ballast.api.messages.errors import event as error_event
 from ballast.api.messages.errors import relay_event
 from ballast.pipeline.errors import ApiError
@@ -208,6 +216,9 @@ class MessagesStream:
                 piece = delta.get(name)
                 if isinstance(piece, str) and piece:
                     self._delta("thinking", -1, {"type": "thinking_delta", "thinking": piece})
+            signed = delta.get("thinking_blocks")
+            if signed is not None:
+                self._signed(thinking_blocks(signed))
             piece = delta.get("content")
             if isinstance(piece, str) and piece:
                 self._delta("text", -1, {"type": "text_delta", "text": piece})
@@ -249,6 +260,22 @@ class MessagesStream:
                     },
                 )
             )
+
+    def _signed(self, blocks: list[dict[str, Any]]) -> None:
+        """Thinking blocks as Anthropic signed them: a thinking block's signature ends the
+        block its text opened (with any text not yet sent); a redacted one comes whole."""
+        for block in blocks:
+            if block["type"] == "redacted_thinking":
+                self._open("redacted", -1, block)
+            else:
+                text = block["thinking"]
+                if text:
+                    self._delta("thinking", -1, {"type": "thinking_delta", "thinking": text})
+                elif self._block != ("thinking", -1):
+                    self._open("thinking", -1, {**block, "signature": ""})
+                signature = {"type": "signature_delta", "signature": block["signature"]}
+                self._delta("thinking", -1, signature)
+            self._close()
 
     # -- blocks ------------------------------------------------------------------------
 

@@ -69,3 +69,28 @@ def test_the_message_id_is_made_once() -> None:
     assert message_id("chatcmpl-abc") == "msg_abc"
     assert message_id("msg_01XYZ") == "msg_01XYZ"  # an Anthropic deployment's own, not msg_msg_
     assert message_id(None) == "msg_ballast"
+
+
+SIGNED = {"type": "thinking", "thinking": "think", "signature": "c2ln"}
+REDACTED = {"type": "redacted_thinking", "data": "ZW5j"}
+
+
+def test_signed_thinking_comes_back_exactly_in_place_of_the_unsigned_reasoning() -> None:
+    message = {
+        "content": "hi",
+        "reasoning_content": "think",
+        "thinking_blocks": [REDACTED, SIGNED, {"type": "thinking", "thinking": "unsigned"}],
+    }
+    body = message_body(answer(message), "claude", None)
+    assert body["content"] == [REDACTED, SIGNED, {"type": "text", "text": "hi"}]
+
+
+def test_cache_writes_are_counted_apart_too() -> None:
+    details = {"cached_tokens": 4, "cache_write_tokens": 3, "cache_write_1h_tokens": 2}
+    usage = {"prompt_tokens": 10, "completion_tokens": 2, "prompt_tokens_details": details}
+    assert usage_of(usage) == {
+        "input_tokens": 1,
+        "output_tokens": 2,
+        "cache_creation_input_tokens": 5,
+        "cache_read_input_tokens": 4,
+    }

@@ -225,6 +225,99 @@ def test_what_a_chat_completion_cannot_carry_is_dropped_and_named_never_refused(
     ]
 
 
+MARK = {"type": "ephemeral"}
+KEEP = frozenset(("cache_control", "thinking"))
+
+
+def test_cache_marks_and_thinking_are_kept_where_asked_in_their_chat_places() -> None:
+    signed = {"type": "thinking", "thinking": "t", "signature": "sig"}
+    redacted = {"type": "redacted_thinking", "data": "ZW5j"}
+    payload = {
+        **BASE,
+        "system": [
+            {"type": "text", "text": "a"},
+            {"type": "text", "text": "b", "cache_control": MARK},
+        ],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}, "cache_control": MARK}],
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "go", "cache_control": MARK}]},
+            {
+                "role": "assistant",
+                "content": [
+                    signed,
+                    redacted,
+                    {"type": "text", "text": "calling"},
+                    {
+                        "type": "tool_use",
+                        "id": "t1",
+                        "name": "f",
+                        "input": {},
+                        "cache_control": MARK,
+                    },
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [{"type": "text", "text": "r", "cache_control": MARK}],
+                        "is_error": True,
+                        "cache_control": MARK,
+                    }
+                ],
+            },
+        ],
+    }
+    dropped: list[str] = []
+    kept: list[str] = []
+    chat = to_chat(payload, dropped=dropped, keep=KEEP, kept=kept)
+    assert dropped == [] and kept == ["cache_control", "thinking", "redacted_thinking"]
+    assert chat["thinking"] == payload["thinking"]
+    assert chat["tools"][0]["cache_control"] == MARK
+    system, user, assistant, tool = chat["messages"]
+    assert system["content"] == [
+        {"type": "text", "text": "a"},
+        {"type": "text", "text": "b", "cache_control": MARK},
+    ]
+    assert user["content"] == [{"type": "text", "text": "go", "cache_control": MARK}]
+    assert assistant["content"] == "calling" and assistant["thinking_blocks"] == [signed, redacted]
+    assert assistant["tool_calls"][0]["cache_control"] == MARK
+    assert tool == {
+        "role": "tool",
+        "tool_call_id": "t1",
+        "content": [{"type": "text", "text": "Error: r", "cache_control": MARK}],
+        "cache_control": MARK,
+    }
+    # Only the marks asked for: thinking left out and named, the marks kept.
+    dropped, kept = [], []
+    chat = to_chat(payload, dropped=dropped, keep=frozenset(("cache_control",)), kept=kept)
+    assert dropped == ["thinking", "redacted_thinking"] and kept == ["cache_control"]
+    assert "thinking" not in chat and "thinking_blocks" not in chat["messages"][2]
+    # None asked: the plain chat form, as a chat upstream takes it.
+    assert orjson.dumps(to_chat(payload)).find(b"cache_control") == -1
+
+
+@pytest.mark.parametrize(
+    ("block", "named"),
+    [
+        ({"type": "thinking", "thinking": "t"}, "messages.1.content.0.signature"),
+        ({"type": "thinking", "signature": "s"}, "messages.1.content.0.thinking"),
+        ({"type": "redacted_thinking"}, "messages.1.content.0.data"),
+    ],
+)
+def test_a_thinking_block_that_could_not_go_back_exactly_is_a_400(
+    block: dict[str, Any], named: str
+) -> None:
+    turns = [{"role": "user", "content": "x"}, {"role": "assistant", "content": [block]}]
+    for keep in (KEEP, frozenset()):  # the same answer whoever would get it
+        with pytest.raises(ApiError) as info:
+            to_chat({**BASE, "messages": turns}, keep=keep)
+        assert info.value.param == named
+
+
 def test_count_tokens_needs_no_max_tokens_and_the_shape_parses_to_chat_terms() -> None:
     assert "max_tokens" not in to_chat({"model": "m", "messages": []}, counting=True)
     body = orjson.dumps(

@@ -107,3 +107,19 @@ def test_native_events_pass_as_sent_and_a_break_is_an_anthropic_error_event() ->
         assert translator.finish() == b""
         ended = translator.fail(ApiError(502, "cut", "api_error"))
         assert ended.startswith(b"event: error\n") and b'"api_error"' in ended
+
+
+def test_a_bridged_request_keeps_what_its_deployments_carry_and_names_what_one_cannot() -> None:
+    anthropic = {"id": "a", "url": "http://a", "provider": "anthropic", "messages": "bridge"}
+    bedrock = {"id": "b", "url": "http://b", "provider": "bedrock", "aws": {"region": "eu-west-1"}}
+    settings = parse_settings({"models": [{"name": "m", "deployments": [anthropic, bedrock]}]})
+    group = settings.models[0]
+    shape = MessagesShape({"m": group}.get)
+    ctx = shape.parse("/messages", BODY)
+    shape.bind(ctx, group)
+    # Both take the one chat form; Bedrock's translation leaves the thinking out.
+    assert ctx.extended and ctx.bridge is None and ctx.dropped == ("thinking",)
+    assert ctx.payload["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    plain = shape.parse("/messages", orjson.dumps({**orjson.loads(BODY), "thinking": None}))
+    shape.bind(plain, group)  # nothing of either asked: the plain form, nothing lost
+    assert not plain.extended and plain.dropped == ()

@@ -113,6 +113,43 @@ def test_reasoning_then_text_are_two_blocks() -> None:
     assert out[-2]["delta"]["stop_reason"] == "max_tokens"
 
 
+def test_signed_and_redacted_thinking_come_back_with_their_signature_and_data() -> None:
+    redacted = {"type": "redacted_thinking", "data": "ZW5j"}
+    signature = {"type": "thinking", "thinking": "", "signature": "c2ln"}
+    _, out = run(
+        chunk({"thinking_blocks": [redacted]}),
+        chunk({"reasoning_content": "hm"}),
+        chunk({"thinking_blocks": [signature]}),
+        chunk({"thinking_blocks": [signature]}),  # a block whose text never came: empty
+        chunk({"content": "yes"}),
+        chunk({}, "stop") + DONE,
+    )
+    kinds = [(e["type"], e.get("index")) for e in out if e["type"].startswith("content_block")]
+    assert kinds == [
+        ("content_block_start", 0),
+        ("content_block_stop", 0),
+        ("content_block_start", 1),
+        ("content_block_delta", 1),
+        ("content_block_delta", 1),
+        ("content_block_stop", 1),
+        ("content_block_start", 2),
+        ("content_block_delta", 2),
+        ("content_block_stop", 2),
+        ("content_block_start", 3),
+        ("content_block_delta", 3),
+        ("content_block_stop", 3),
+    ]
+    starts = [e["content_block"] for e in out if e["type"] == "content_block_start"]
+    assert starts[0] == redacted
+    assert starts[1] == starts[2] == {"type": "thinking", "thinking": "", "signature": ""}
+    deltas = [e["delta"] for e in out if e["type"] == "content_block_delta"]
+    assert deltas[:3] == [
+        {"type": "thinking_delta", "thinking": "hm"},
+        {"type": "signature_delta", "signature": "c2ln"},
+        {"type": "signature_delta", "signature": "c2ln"},
+    ]
+
+
 def test_the_relays_error_ends_the_stream_with_an_anthropic_error() -> None:
     stream = MessagesStream("claude", None, 42)
     said = stream.feed(events_of(chunk({"content": "a"})))
