@@ -1,10 +1,16 @@
 """Redis behind the one breaker (seed 003). Every call has a tight timeout; after a few
 failures the breaker opens and every use takes its local fallback at once, with zero network
-calls, until one probe finds Redis healthy again. Redis down at start-up is not fatal."""
+calls, until one probe finds Redis healthy again. Redis down at start-up is not fatal.
+
+A request makes several Redis calls one after another (limits, budget, spend). Until the
+breaker opens, each could wait out its timeout; so a task whose call failed takes its
+fallbacks at once for a while (`redis_give_up_for`): no request waits on Redis longer than
+one call's timeout."""
 
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,6 +27,10 @@ log = logging.getLogger("ballast.redis")
 
 T = TypeVar("T")
 
+# When the current task's last Redis call failed (on the store's clock). A task's context is
+# its own: one request's failure does not stop another's calls.
+_FAILED_AT: ContextVar[float | None] = ContextVar("ballast_redis_failed_at", default=None)
+
 
 class StoreUnavailable(Exception):
     """Redis cannot be used right now; the caller takes its fallback."""
@@ -35,6 +45,8 @@ class RedisStore:
         on_transition: Callable[[str, BreakerState, BreakerState], None] | None = None,
     ) -> None:
         self.timeout = settings.redis_timeout
+        self.clock = clock
+        self.give_up_for = settings.redis_give_up_for
         self.breaker = CircuitBreaker(
             "redis",
             breaker_config(settings.redis_breaker),
@@ -65,6 +77,9 @@ class RedisStore:
     async def call(self, fn: Callable[[redis.Redis], Awaitable[T]]) -> T:
         """Run one Redis operation (or pipeline) through the breaker."""
         client = self.client
+        failed_at = _FAILED_AT.get()
+        if failed_at is not None and self.clock.monotonic() - failed_at < self.give_up_for:
+            raise StoreUnavailable("failed earlier in this task")
 
         async def admitted() -> T:
             self.calls += 1  # counts only calls that reach the network
@@ -75,6 +90,7 @@ class RedisStore:
         except BreakerOpenError:
             raise StoreUnavailable("breaker open") from None
         except self._errors as exc:
+            _FAILED_AT.set(self.clock.monotonic())
             # A timed-out connection may be out of step with the server (a late reply still
             # on its way): drop the pooled connections so later calls start on fresh ones.
             await self._reset_connections()
