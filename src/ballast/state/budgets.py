@@ -59,17 +59,15 @@ class Budgets:
         accept_for: float = 30.0,
         expire_after: float = 660.0,
         idle_release: float = 1.0,
-        unavailable_for: float = 1.0,
     ) -> None:
         self.ledger = ledger
         self.clock = clock
         self.accept_for = accept_for
         self.expire_after = expire_after  # a dead instance's grants lapse after this
         self.idle_release = idle_release
-        # After the ledger could not be asked, requests queued behind that grant take the
-        # fallback at once for this long instead of each waiting out a timeout of its own.
-        self.unavailable_for = unavailable_for
-        self._unavailable: dict[tuple[str, str], float] = {}
+        # Grants that could not be asked, per key and period: the requests queued behind one
+        # take the fallback at once instead of each waiting out a timeout of its own.
+        self._unavailable: dict[tuple[str, str], int] = {}
         self._grants: dict[tuple[str, str], Grant] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._prefix = uuid.uuid4().hex[:12] + "-"
@@ -101,6 +99,7 @@ class Budgets:
         lock = self._locks.get(slot)
         if lock is None:
             lock = self._locks[slot] = asyncio.Lock()
+        failures = self._unavailable.get(slot, 0)
         async with lock:  # one grant asked at a time per key; the others then use it
             hold = self.reserve_now(key_id, period, amount)
             if hold is not None:
@@ -112,9 +111,8 @@ class Budgets:
                     await self._settle(old)
                 else:
                     self._close(old)
-            failed = self._unavailable.get(slot)
-            if failed is not None and self.clock.monotonic() - failed < self.unavailable_for:
-                raise LedgerUnavailable("failed for a request just before")
+            if self._unavailable.get(slot, 0) != failures:
+                raise LedgerUnavailable("failed for the request ahead of this one")
             grant_id = f"{self._prefix}{next(self._ids):x}"
             self.grants += 1
             try:
@@ -122,9 +120,8 @@ class Budgets:
                     key_id, period, budget, amount, grant_id, self.expire_after
                 )
             except LedgerUnavailable:
-                self._unavailable[slot] = self.clock.monotonic()
+                self._unavailable[slot] = failures + 1
                 raise
-            self._unavailable.pop(slot, None)
             if granted is None:
                 raise BudgetExceeded
             grant = Grant(

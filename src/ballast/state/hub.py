@@ -60,7 +60,6 @@ class StateHub:
             expire_after=settings.budgets.grant_accept_for
             + settings.timeouts.request
             + settings.budgets.grant_lapse_margin,
-            unavailable_for=state.redis_give_up_for,
         )
 
     async def start(self) -> None:

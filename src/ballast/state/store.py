@@ -3,15 +3,16 @@ failures the breaker opens and every use takes its local fallback at once, with 
 calls, until one probe finds Redis healthy again. Redis down at start-up is not fatal.
 
 A request makes several Redis calls one after another (limits, budget, spend). Until the
-breaker opens, each could wait out its timeout; so a task whose call failed takes its
-fallbacks at once for a while (`redis_give_up_for`): no request waits on Redis longer than
-one call's timeout."""
+breaker opens, each could wait out its timeout; so once a call of a request failed, the
+request's other calls take their fallbacks at once (`scope_request`): no request waits on
+Redis longer than one call's timeout. Background tasks (flushes, heartbeats) keep trying:
+a wait there holds up no client."""
 
 from __future__ import annotations
 
 import logging
-from contextvars import ContextVar
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ballast.config import StateSettings, breaker_config
@@ -27,9 +28,14 @@ log = logging.getLogger("ballast.redis")
 
 T = TypeVar("T")
 
-# When the current task's last Redis call failed (on the store's clock). A task's context is
-# its own: one request's failure does not stop another's calls.
-_FAILED_AT: ContextVar[float | None] = ContextVar("ballast_redis_failed_at", default=None)
+# The current request's mark: [whether one of its Redis calls failed]. Each request runs in
+# a task of its own, whose context is its own: one request's failure stops no other's calls.
+_REQUEST: ContextVar[list[bool] | None] = ContextVar("ballast_redis_request", default=None)
+
+
+def scope_request() -> None:
+    """Called as a request starts: its Redis calls after a failed one take their fallbacks."""
+    _REQUEST.set([False])
 
 
 class StoreUnavailable(Exception):
@@ -45,8 +51,6 @@ class RedisStore:
         on_transition: Callable[[str, BreakerState, BreakerState], None] | None = None,
     ) -> None:
         self.timeout = settings.redis_timeout
-        self.clock = clock
-        self.give_up_for = settings.redis_give_up_for
         self.breaker = CircuitBreaker(
             "redis",
             breaker_config(settings.redis_breaker),
@@ -77,9 +81,9 @@ class RedisStore:
     async def call(self, fn: Callable[[redis.Redis], Awaitable[T]]) -> T:
         """Run one Redis operation (or pipeline) through the breaker."""
         client = self.client
-        failed_at = _FAILED_AT.get()
-        if failed_at is not None and self.clock.monotonic() - failed_at < self.give_up_for:
-            raise StoreUnavailable("failed earlier in this task")
+        request = _REQUEST.get()
+        if request is not None and request[0]:
+            raise StoreUnavailable("failed earlier in this request")
 
         async def admitted() -> T:
             self.calls += 1  # counts only calls that reach the network
@@ -90,7 +94,8 @@ class RedisStore:
         except BreakerOpenError:
             raise StoreUnavailable("breaker open") from None
         except self._errors as exc:
-            _FAILED_AT.set(self.clock.monotonic())
+            if request is not None:
+                request[0] = True
             # A timed-out connection may be out of step with the server (a late reply still
             # on its way): drop the pooled connections so later calls start on fresh ones.
             await self._reset_connections()

@@ -1,5 +1,5 @@
-"""RedisStore: a task whose Redis call failed takes its fallbacks at once afterwards, so one
-request waits out at most one call's timeout however many calls it makes."""
+"""RedisStore: a request whose Redis call failed takes its fallbacks at once afterwards, so
+it waits out at most one call's timeout however many calls it makes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from ballast.config import StateSettings
-from ballast.resilience.clock import ManualClock
-from ballast.state.store import RedisStore, StoreUnavailable
+from ballast.state.store import RedisStore, StoreUnavailable, scope_request
 
 
 @pytest.fixture
@@ -30,40 +29,39 @@ async def silent_port() -> AsyncIterator[int]:
     await server.wait_closed()
 
 
-def store_for(port: int, clock: ManualClock) -> RedisStore:
+def store_for(port: int) -> RedisStore:
     settings = StateSettings(
         redis_url=f"redis://127.0.0.1:{port}/0",
         redis_timeout=0.05,
-        redis_give_up_for=1.0,
         redis_breaker={"failure_threshold": 100},
     )
     assert settings.redis_url is not None
-    return RedisStore(settings.redis_url, settings, clock)
+    return RedisStore(settings.redis_url, settings)
 
 
-async def test_a_task_waits_out_one_timeout_then_takes_its_fallbacks(silent_port: int) -> None:
-    clock = ManualClock()
-    store = store_for(silent_port, clock)
-    try:
+async def test_a_request_waits_out_one_timeout_then_takes_its_fallbacks(silent_port: int) -> None:
+    store = store_for(silent_port)
+
+    async def request() -> None:
+        scope_request()
         with pytest.raises(StoreUnavailable):
             await store.call(lambda r: r.get("a"))
-        assert store.calls == 1
         for _ in range(3):  # the same request's further calls: no network, no wait
-            with pytest.raises(StoreUnavailable, match="earlier in this task"):
+            with pytest.raises(StoreUnavailable, match="earlier in this request"):
                 await store.call(lambda r: r.get("b"))
-        assert store.calls == 1
 
-        async def another_request() -> None:
+    async def background() -> None:
+        for _ in range(2):  # a background task keeps trying: it holds up no client
             with pytest.raises(StoreUnavailable):
                 await store.call(lambda r: r.get("c"))
 
-        # Another task (a request of its own) still tries: the breaker decides for everyone.
-        await asyncio.create_task(another_request(), context=contextvars.Context())
+    try:
+        await asyncio.create_task(request(), context=contextvars.Context())
+        assert store.calls == 1
+        # Another request still tries: the breaker decides for everyone.
+        await asyncio.create_task(request(), context=contextvars.Context())
         assert store.calls == 2
-
-        clock.advance(1.0)  # the give-up time has passed: this task tries again
-        with pytest.raises(StoreUnavailable):
-            await store.call(lambda r: r.get("d"))
-        assert store.calls == 3
+        await asyncio.create_task(background(), context=contextvars.Context())
+        assert store.calls == 4
     finally:
         await store.close()

@@ -35,12 +35,6 @@ class StateSettings(Section):
     redis_url: str | None = None
     database_url: str = "sqlite+aiosqlite:///ballast.db"
     redis_timeout: float = Field(0.05, gt=0, description="per Redis call")
-    redis_give_up_for: float = Field(
-        1.0,
-        ge=0,
-        description="after a Redis call fails, the same request (or background task) takes its "
-        "fallbacks without calling Redis for this long: one timeout a request at most",
-    )
     redis_breaker: RedisBreakerSettings = RedisBreakerSettings()
     database_timeout: float = Field(5.0, gt=0)
     key_cache_ttl: float = Field(30.0, ge=0, description="how long a looked-up key is trusted")
