@@ -202,9 +202,8 @@ def test_an_instance_killed_under_load_costs_only_its_requests_in_flight(
     held = redis.Redis.from_url(redis_url)
     until = next(iter(held.scan_iter(f"ballast:budget:{key_id}:*:until")))
     lapse = 1.0 + REQUEST_TIMEOUT + 0.5  # grant_accept_for + request timeout + lapse margin
-    assert all(
-        float(s) <= killed + lapse + 1 for _, s in held.zrange(until, 0, -1, withscores=True)
-    )
+    scores: list[tuple[bytes, float]] = held.zrange(until, 0, -1, withscores=True)  # type: ignore[assignment]
+    assert all(score <= killed + lapse + 1 for _, score in scores)
     settle(max(0.0, killed + lapse + 0.2 - time.time()))
     assert held.zrangebyscore(until, time.time(), "+inf") == []
     for probe in held.scan_iter("ballast:probe:*"):
