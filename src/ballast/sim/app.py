@@ -26,6 +26,7 @@ from ballast.sim.answer import (
     tool_result_last,
     wants_json,
 )
+from ballast.sim.anthropic import count_tokens as anthropic_count_tokens
 from ballast.sim.anthropic import messages as anthropic_messages
 from ballast.sim.azure import deployment_of as azure_deployment
 from ballast.sim.azure import refusal as azure_refusal
@@ -428,6 +429,7 @@ def create_app(
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_get("/health", _health)
     app.router.add_post("/v1/messages", anthropic_messages)
+    app.router.add_post("/v1/messages/count_tokens", anthropic_count_tokens)
     kinds = "{kind:chat/completions|completions|embeddings}"
     app.router.add_post("/openai/deployments/{deployment}/" + kinds, _azure_classic)
     app.router.add_post("/openai/v1/" + kinds, _azure_v1)
