@@ -175,9 +175,8 @@ async def test_a_corked_answer_leaves_in_one_write_and_closes_after_it() -> None
     port = server.sockets[0].getsockname()[1]
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(
-            b"GET / HTTP/1.1\r\nhost: x\r\n\r\nGET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
-        )
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
         await writer.drain()
         answers = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closed
         writer.close()
