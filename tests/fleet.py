@@ -30,6 +30,8 @@ from tests.stack import Stack, deployment, free_port, serve, wait_for
 MASTER = "sk-fleet-master-0123456789"
 THRESHOLD = 3  # the deployments' failure_threshold
 LATENCY = 0.2  # each answer of the broken deployment takes this long: overlaps would show
+REDIS_TIMEOUT = 0.25  # generous: six workers, nginx and the simulators share two cores
+REQUEST_TIMEOUT = 5.0
 _ids = itertools.count()
 
 
@@ -143,6 +145,21 @@ class Machine:
         """The deployment's breaker on every worker of every instance."""
         return [w["breakers"].get(deployment, "?") for p in self.ports for w in self.workers(p)]
 
+    def statements(self) -> int:
+        """Database statements sent so far by every worker of every instance still running."""
+        return sum(int(w["db_statements"]) for p in self.ports for w in self.workers(p))
+
+    def restart(self, index: int) -> None:
+        """Start the instance at `index` again in its own directory (its spend journal is
+        there: what it had not flushed is replayed)."""
+        home = self.folder / f"i{index}"
+        log = (home / "stderr.log").open("ab")
+        env = {"BALLAST_INSTANCE_ID": f"i{index}"}
+        process = serve(home / "ballast.yaml", self.ports[index], workers=2, stderr=log, env=env)
+        log.close()
+        self.processes[index] = process
+        wait_for(functools.partial(self.started, process, self.ports[index]), timeout=40)
+
     def kill(self, index: int) -> None:
         """kill -9 of one instance: its supervisor and its workers at once."""
         process = self.processes[index]
@@ -211,12 +228,22 @@ class Upstreams:
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
         self.limited = stack.sim("429?retry_after=20", name="limited")
+        self.limited_later = stack.sim("429?retry_after=20", name="limited-later")
         self.dead = stack.sim("500", name="dead")
         self.healthy = stack.sim("ok?tokens=2", name="healthy")
         # Deployment ids of this run's own: what the fleet shares outlives it in Redis.
         run = uuid.uuid4().hex[:8]
         self.ids = {
-            name: f"{name}-{run}" for name in ("limited", "dead", "spare-1", "spare-2", "steady")
+            name: f"{name}-{run}"
+            for name in (
+                "limited",
+                "limited-later",
+                "dead",
+                "spare-1",
+                "spare-2",
+                "spare-3",
+                "steady",
+            )
         }
 
     def attempts(self, sim: SimServer) -> list[dict[str, Any]]:
@@ -236,7 +263,16 @@ def fleet_config(
     return {
         "server": {"master_key": MASTER},
         "fleet": {"share_health": share_health},
-        "state": {"redis_url": redis_url, "database_url": database_url},
+        "state": {
+            "redis_url": redis_url,
+            "database_url": database_url,
+            "redis_timeout": REDIS_TIMEOUT,
+            "redis_breaker": {"open_time": 1.0, "probe_timeout": REDIS_TIMEOUT},
+        },
+        # Grants of a killed instance lapse in seconds here (a minute and more by default).
+        "budgets": {"grant_accept_for": 1.0, "grant_lapse_margin": 0.5},
+        "timeouts": {"request": REQUEST_TIMEOUT},
+        "prices": {"m": {"input": 1.0, "output": 1.0}},
         "routing": {
             "max_retry_after_wait": 0,
             "breaker": {
@@ -251,25 +287,38 @@ def fleet_config(
         "models": [
             ordered("limited", up.limited, "spare-1"),
             ordered("dead", up.dead, "spare-2"),
+            ordered("limited-later", up.limited_later, "spare-3"),
             {"name": "steady", "deployments": [deployment(up.ids["steady"], up.healthy, "m")]},
         ],
     }
 
 
-def load(port: int, model: str, count: int, concurrency: int = 4, pause: float = 0.1) -> list[int]:
+def load(
+    port: int,
+    model: str,
+    count: int,
+    concurrency: int = 4,
+    pause: float = 0.1,
+    key: str = MASTER,
+    took: list[float] | None = None,
+) -> list[int]:
     """`count` chat requests through nginx from `concurrency` clients, each pausing `pause`
     after each answer, their starts spread over one pause: traffic that reaches every worker,
     without all of it in flight at the moment of the first verdict (requests already sent
     then are bounded by the concurrency, not by what the fleet shares). Their statuses. Each
-    carries a request id, which the simulator logs: the attempts without one are probes."""
+    carries a request id, which the simulator logs: the attempts without one are probes.
+    `took`, when given, receives each request's seconds."""
 
     def client(k: int) -> list[int]:
         time.sleep(k * pause / concurrency)
         statuses = []
         for _ in range(k, count, concurrency):
             body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
-            rid = {"x-request-id": f"client-{next(_ids)}"}
-            statuses.append(request(port, "POST", "/v1/chat/completions", body, rid)[0])
+            headers = {"x-request-id": f"client-{next(_ids)}", "authorization": f"Bearer {key}"}
+            started = time.monotonic()
+            statuses.append(request(port, "POST", "/v1/chat/completions", body, headers)[0])
+            if took is not None:
+                took.append(time.monotonic() - started)
             time.sleep(pause)
         return statuses
 
@@ -281,11 +330,22 @@ def from_clients(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [a for a in attempts if str(a["headers"].get("x-request-id", "")).startswith("client-")]
 
 
-def cooldown_attempts(fleet: Machine, up: Upstreams) -> tuple[list[int], int]:
-    """40 requests while the limited deployment answers 429 with `Retry-After: 20`: their
-    statuses, and how many reached it."""
-    statuses = load(fleet.port, "limited", 40)
-    return statuses, len(up.attempts(up.limited))
+def cooldown_attempts(
+    fleet: Machine, up: Upstreams, group: str = "limited"
+) -> tuple[list[int], int]:
+    """40 requests while the group's first deployment answers 429 with `Retry-After: 20`:
+    their statuses, and how many reached it."""
+    statuses = load(fleet.port, group, 40)
+    sim = up.limited if group == "limited" else up.limited_later
+    return statuses, len(up.attempts(sim))
+
+
+def create_key(port: int, budget: float = 1e9) -> tuple[str, str]:
+    """A virtual key with a budget (its lookups, limits and reservations use the fleet's
+    Redis): (its secret, its id)."""
+    status, made = request(port, "POST", "/admin/keys", {"name": "fleet", "budget": budget})
+    assert status == 201, made
+    return str(made["key"]), str(made["id"])
 
 
 def dead_attempts(fleet: Machine, up: Upstreams) -> tuple[list[int], int]:

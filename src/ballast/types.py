@@ -46,3 +46,12 @@ class BodyWriter(Protocol):
     async def drain(self) -> None:
         """Until the client's buffer has room again, or the client is gone."""
         ...
+
+    def cork(self) -> None:
+        """Hold what `send` writes until `uncork`: a whole answer's head and body then leave
+        in one write (one system call, one segment) instead of two."""
+        ...
+
+    def uncork(self) -> None:
+        """Write what was held, at once, and write through again."""
+        ...

@@ -112,6 +112,7 @@ class Admin:
             "health_shared": fleet_health is not None and fleet_health.shared.connected,
             "models": [g.name for g in generation.settings.models],
             "rss_bytes": process_stats().get("rss_bytes"),
+            "db_statements": app.state.db.statements,
         }
 
     def add(self, method: str, path: str, handler: Handler, write: bool = True) -> None:

@@ -25,6 +25,7 @@ from ballast.pipeline.pipeline import Pipeline
 from ballast.pipeline.shape import Shape
 from ballast.resilience.clock import Clock
 from ballast.routing.router import Router
+from ballast.state.hub import StateHub
 
 log = logging.getLogger("ballast.admin")
 
@@ -40,6 +41,7 @@ class Gateway(Protocol):
     router: Router
     pipeline: Pipeline
     mcp: McpGateway
+    state: StateHub
     config_path: str | None
     ready: bool
     max_in_flight: int

@@ -16,14 +16,15 @@ generation. Every request passes, in this order, as far as its route needs:
                  before its last bytes (pipeline/dispatching.py).
 
 The proxied routes (chat, completions, embeddings, responses, messages) run all eight;
-count_tokens runs 1-5 and counts; the model list runs 1-3 and lists."""
+count_tokens runs 1-5 and counts (a deployment's own count where it has one); the model
+list runs 1-3 and lists."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Protocol
 
-from ballast.api.messages import COUNTING, count_tokens
+from ballast.api.messages import COUNTING, CountTokens
 from ballast.api.models import ModelInfo, ModelList
 from ballast.api.openai import OPENAI
 from ballast.observe.hub import Observer
@@ -118,7 +119,7 @@ def build_routes(
         "/v1/responses": route("/responses", responses),
         "/v1/messages": route("/messages", messages),
         "/v1/messages/count_tokens": route(
-            "/chat/completions", COUNTING, [*stages[:_RESOLVE], count_tokens]
+            "/chat/completions", COUNTING, [*stages[:_RESOLVE], CountTokens(pipeline)]
         ),
     }
     head = stages[:_AUTHENTICATE]

@@ -9,6 +9,7 @@ from ballast.observe.hub import Observer
 from ballast.observe.tracing import request_attributes
 from ballast.pipeline.stages import Flow, Next
 from ballast.routing.router import Router
+from ballast.state.store import scope_request
 
 log = logging.getLogger("ballast.api")
 
@@ -19,6 +20,7 @@ class Observe:
         self.router = router
 
     async def __call__(self, flow: Flow, call_next: Next) -> None:
+        scope_request()
         tracer = self.router.tracer
         try:
             if tracer is None:

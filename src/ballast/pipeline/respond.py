@@ -176,8 +176,17 @@ class Responder:
         self.started = True
         self.status = status
         send = self._send
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        writer = self.writer
+        if writer is None:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        writer.cork()  # the head and the body in one write
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        finally:
+            writer.uncork()
 
     async def error(self, error: ApiError) -> None:
         """An error in the client's shape: a status and a body before the response started;

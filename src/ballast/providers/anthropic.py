@@ -3,7 +3,8 @@ translated (anthropic_request.py) and the answer, stream and errors translated b
 (anthropic_wire.py); Messages goes on from an assistant prefill natively, so a chat stream
 cut mid-answer is continued, not regenerated. A Messages request to a deployment that
 serves it natively (`messages: native`, the default) goes as the client sent it, with the
-`anthropic-version` and `anthropic-beta` it sent, and comes back untouched."""
+`anthropic-version` and `anthropic-beta` it sent, and comes back untouched; so does a
+count_tokens request (`count_wire`)."""
 
 from __future__ import annotations
 
@@ -116,6 +117,13 @@ class AnthropicAdapter(NativeAdapter):
         return AnthropicWire(
             self._target, self._headers, self.upstream_model(model), created, usage_wanted, trim
         )
+
+    def count_wire(self, call: OutboundCall) -> Wire | None:
+        """Anthropic's own count (`/v1/messages/count_tokens`), asked as a native Messages
+        request is: with the client's `anthropic-version` and `anthropic-beta`."""
+        if not self._native:
+            return None
+        return NativeWire(self._target + "/count_tokens", self._native_headers(call))
 
     def continues(self, call: OutboundCall) -> bool:
         """Messages goes on from a prefill, except with extended thinking on (a final

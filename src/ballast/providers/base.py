@@ -195,6 +195,11 @@ class Adapter:
         translation of its answer, stream and errors. None: the OpenAI wire, untouched."""
         return None
 
+    def count_wire(self, call: OutboundCall) -> Wire | None:
+        """The wire of the provider's own token count for a Messages `call` (its body is
+        `body(call, model)`); None: the provider has none, and the gateway estimates."""
+        return None
+
     def apply_prefill(self, call: OutboundCall, payload: dict[str, Any], text: str) -> None:
         """Ask the deployment to go on from `text`: a text completion's prompt simply grows;
         a chat gets the text as a final assistant message where the provider continues one

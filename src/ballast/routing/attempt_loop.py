@@ -27,6 +27,7 @@ from ballast.resilience.breaker import Permit
 from ballast.resilience.clock import Clock
 from ballast.resilience.failures import Action, Failure
 from ballast.resilience.retry import RetryBudget
+from ballast.routing.affinity import Affinity, conversation
 from ballast.routing.attempt import Attempt, Verdicts
 from ballast.routing.targets import Target, Targets
 
@@ -43,6 +44,10 @@ Exchange = Callable[[Attempt, str], Awaitable[T]]
 class Routable(Protocol):
     """What the loop reads of a request."""
 
+    @property
+    def path(self) -> str: ...
+    @property
+    def payload(self) -> dict[str, Any]: ...
     @property
     def model(self) -> str: ...
     @property
@@ -65,6 +70,8 @@ class Attempts:
     started: bool = False  # the request was counted by the retry budget
     stream: bool = False  # a stream's attempts outlive their exchange
     skipped: list[str] = field(default_factory=list)  # fallbacks the key may not use
+    conversation: int | None = None  # its prompt-cache affinity key, once one was needed
+    keyed: bool = False  # `conversation` was read
 
     def last_failure(self) -> Failure | None:
         return self.failures[-1] if self.failures else None
@@ -110,6 +117,7 @@ class AttemptLoop:
             min_per_second=routing.retry_budget_min_per_second,
             clock=clock,
         )
+        self.affinity = Affinity(routing.affinity_entries, routing.affinity_ttl, clock)
 
     def begin(self, stream: bool = False) -> Attempts:
         """A new request's bookkeeping, its deadline from now."""
@@ -168,7 +176,7 @@ class AttemptLoop:
             # use up the fallbacks' turn.
             reserve = len(chain) - index - 1
             try:
-                return await self._run_group(group, model, attempts, exchange, reserve)
+                return await self._run_group(request, group, model, attempts, exchange, reserve)
             except _SwitchToContextFallbacks:
                 chain = self._context_chain(request, primary, attempts)
                 index = 0
@@ -192,7 +200,7 @@ class AttemptLoop:
                 await self.clock.sleep(last.retry_after)
                 attempts.excluded.discard(last.deployment or "")
                 try:
-                    return await self._run_group(group, model, attempts, exchange, reserve)
+                    return await self._run_group(request, group, model, attempts, exchange, reserve)
                 except (_GroupExhausted, _SwitchToContextFallbacks):
                     pass
             index += 1
@@ -205,6 +213,7 @@ class AttemptLoop:
 
     async def _run_group(
         self,
+        request: Routable,
         group: ModelGroup,
         model: str,
         attempts: Attempts,
@@ -218,7 +227,10 @@ class AttemptLoop:
         tried = 0
         while True:
             tried_this_round = False
-            for target in self.targets.ranked(group):
+            ranked = self.targets.ranked(group)
+            if len(ranked) > 1 and group.prompt_affinity:
+                ranked = self._affine(request, group, ranked, attempts)
+            for target in ranked:
                 if target.id in attempts.excluded or target.drained:
                     continue
                 limit = routing.max_attempts - (reserve if tried else 0)
@@ -264,6 +276,18 @@ class AttemptLoop:
                 raise _GroupExhausted
             round_number += 1
 
+    def _affine(
+        self, request: Routable, group: ModelGroup, ranked: list[Target], attempts: Attempts
+    ) -> list[Target]:
+        """`ranked` with the deployment that answered this conversation last put first,
+        when it is ready; the conversation's key is read once per request."""
+        if not attempts.keyed:
+            attempts.keyed = True
+            attempts.conversation = conversation(request.path, request.payload)
+        if attempts.conversation is None:
+            return ranked
+        return self.affinity.order(group, ranked, attempts.conversation)
+
     async def attempt(
         self,
         target: Target,
@@ -295,6 +319,8 @@ class AttemptLoop:
             raise
         if not attempts.stream:
             attempt.succeeded()
+        if attempts.conversation is not None:
+            self.affinity.answered(target, attempts.conversation)
         return result
 
     async def _early_probe(

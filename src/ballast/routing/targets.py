@@ -43,6 +43,16 @@ class Target:
         self.id = self.deployment.id
         self.upstream = self.adapter.upstream
 
+    def ready(self, now: float) -> bool:
+        """Not drained, not cooling down, its breaker closed: a deployment a preference
+        (prompt-cache affinity) may put first. Half-open, it gets only what the strategy
+        would give it."""
+        return (
+            not self.drained
+            and self.cooling_until <= now
+            and self.breaker.state is BreakerState.CLOSED
+        )
+
     def recover(self) -> None:
         """A probe found it answering: the breaker closes, its errors are history (costs
         decide again) and any cooldown is over."""

@@ -77,6 +77,42 @@ class CycleBodyWriter:
         if cycle is not None and cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
 
+    def cork(self) -> None:
+        cycle = self._cycle()
+        if cycle is not None and not isinstance(cycle.transport, _Corked):
+            cycle.transport = _Corked(cycle.transport)  # type: ignore[assignment]
+
+    def uncork(self) -> None:
+        cycle = self._cycle()
+        if cycle is not None and isinstance(cycle.transport, _Corked):
+            corked = cycle.transport
+            cycle.transport = corked.transport
+            corked.flush()
+
+
+class _Corked:
+    """A cycle's transport that holds its writes; anything else asked of it (closing it, its
+    extra info) first writes what it holds, then is the real transport's."""
+
+    __slots__ = ("parts", "transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def flush(self) -> None:
+        parts = self.parts
+        if parts:
+            self.parts = []
+            self.transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    def __getattr__(self, name: str) -> object:
+        self.flush()
+        return getattr(self.transport, name)
+
 
 class _HeadersTooLarge(Exception):
     """Raised in a parser callback to stop reading a request whose head is too large."""

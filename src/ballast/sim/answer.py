@@ -80,7 +80,8 @@ class Answer:
     prompt_tokens: int
     prefill: bool
     continued: bool
-    cache: tuple[int, int] | None = None  # prompt tokens (read, written) by a prompt cache
+    cached_tokens: int = 0  # of the prompt, read from the prompt cache (prompt_cache.py)
+    cache_written: int = 0  # and written to it (a marked prompt cache's first sight)
 
     @property
     def text(self) -> str:
@@ -90,14 +91,17 @@ class Answer:
     def completion_tokens(self) -> int:
         return len(self.pieces)
 
-    def usage(self, emitted: int | None = None) -> dict[str, int]:
+    def usage(self, emitted: int | None = None) -> dict[str, Any]:
         """The OpenAI ``usage`` object; ``emitted`` overrides the completion count."""
         completion = self.completion_tokens if emitted is None else emitted
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
         }
+        if self.cached_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
 
 def _cap(pieces: list[str], max_tokens: int | None) -> tuple[list[str], str]:
@@ -151,3 +155,22 @@ def embedding(text: str, dim: int = EMBEDDING_DIM) -> list[float]:
 def embedding_base64(vector: Sequence[float]) -> str:
     """``vector`` as little-endian float32, base64-encoded (``encoding_format=base64``)."""
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+def wants_json(body: dict[str, Any]) -> bool:
+    """The request asks for JSON output (chat's `response_format`, Responses' `text.format`)."""
+    given = body.get("response_format")
+    text = body.get("text")
+    if given is None and isinstance(text, dict):
+        given = text.get("format")  # the Responses wire's place for it
+    return isinstance(given, dict) and given.get("type") in ("json_schema", "json_object")
+
+
+def tool_result_last(body: dict[str, Any]) -> bool:
+    """The conversation ends with a tool's result: a tool-calling model answers in text."""
+    for key in ("messages", "input"):
+        given = body.get(key)
+        if isinstance(given, list) and given and isinstance(given[-1], dict):
+            last = given[-1]
+            return last.get("role") == "tool" or last.get("type") == "function_call_output"
+    return False

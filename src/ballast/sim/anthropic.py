@@ -1,10 +1,11 @@
 """The simulator speaking Anthropic's Messages API: `POST /v1/messages`, whole and streamed,
-with the usual fault menu. The same behaviour specs as the OpenAI wire, in Anthropic's
-terms: `429` is a `rate_limit_error`, `500` an `api_error`, `503` the 529
-`overloaded_error`, `context_length` a "prompt is too long", `content_filter` an answer
-that stops with `refusal`; `malformed` breaks an event, `cut`/`stall` act after `after`
-text deltas, `error_event` sends an `overloaded_error` event after `after` text deltas,
-and `no_done` ends the stream without `message_stop`.
+with the usual fault menu, and `POST /v1/messages/count_tokens` (a deterministic count).
+The same behaviour specs as the OpenAI wire, in Anthropic's terms: `429` is a
+`rate_limit_error`, `500` an `api_error`, `503` the 529 `overloaded_error`,
+`context_length` a "prompt is too long", `content_filter` an answer that stops with
+`refusal`; `malformed` breaks an event, `cut`/`stall` act after `after` text deltas,
+`error_event` sends an `overloaded_error` event after `after` text deltas, and `no_done`
+ends the stream without `message_stop`.
 
 Strict where agents depend on it (agent.py): with thinking on, an answer opens with a signed
 thinking block (its signature in a `signature_delta` when streamed), and a conversation whose
@@ -331,6 +332,37 @@ async def messages(request: web.Request) -> web.StreamResponse:
         )
     events, first = _events(number, model, answer, shape, refused, call, thinking, inputs)
     return await _stream(request, entry, behaviour, outcome, events, first)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """`POST /v1/messages/count_tokens`: the prompt's words (system and messages), the input
+    a message with this body reports; the error faults of a message (`429`, `500`, ...)."""
+    state = request.app[SIM_STATE]
+    spec = request.headers.get(BEHAVIOUR_HEADER)
+    headers = _selected_headers(request)
+    refusal = _refusal(request)
+    if refusal is not None:
+        return refusal
+    try:
+        body = orjson.loads(await request.read())
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str) or not model:
+            raise ValueError("model: field required")
+        prompt_tokens = chat_answer(_messages(body), 0).prompt_tokens
+        rule = state.select(model, spec)
+    except ValueError as exc:  # orjson's JSONDecodeError is one
+        state.record(model=None, path=request.path, behaviour=spec, outcome="bad_request",
+                     stream=False, prefill=False, headers=headers)  # fmt: skip
+        return error(400, "invalid_request_error", f"{exc} (sim)")
+    outcome = rule.behaviour.name
+    if outcome not in _ERRORS or (rule.behaviour.is_error_mode and not rule.should_fail(model)):
+        outcome = "ok"
+    entry = state.record(model=model, path=request.path, behaviour=rule.behaviour.spec,
+                         outcome=outcome, stream=False, prefill=False, headers=headers)  # fmt: skip
+    entry["fields"] = sorted(body)
+    if outcome in _ERRORS:
+        return _fault(rule.behaviour, prompt_tokens)
+    return json_response({"input_tokens": prompt_tokens})
 
 
 async def _stream(

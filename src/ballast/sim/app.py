@@ -23,7 +23,10 @@ from ballast.sim.answer import (
     completion_answer,
     count_words,
     prompt_texts,
+    tool_result_last,
+    wants_json,
 )
+from ballast.sim.anthropic import count_tokens as anthropic_count_tokens
 from ballast.sim.anthropic import messages as anthropic_messages
 from ballast.sim.azure import deployment_of as azure_deployment
 from ballast.sim.azure import refusal as azure_refusal
@@ -211,13 +214,16 @@ async def _endpoint(
 
     ids = Ids(state.next_id(), int(time.time()), model, state.name)
     # A tool-calling model answers in text once its tool's result is back.
-    shape = "text" if behaviour.shape == "tool" and _tool_result_last(body) else behaviour.shape
-    if shape == "text" and _wants_json(body):
+    shape = "text" if behaviour.shape == "tool" and tool_result_last(body) else behaviour.shape
+    if shape == "text" and wants_json(body):
         shape = "json"  # asked for JSON output: the answer is the object {"q": ...}
     if kind == "embeddings":
         encoding = "base64" if body.get("encoding_format") == "base64" else "float"
         return await _plain(request, entry, outcome, embeddings_body(ids, texts, encoding), 0)
     assert answer is not None
+    if kind != "completions":  # the prompt as OpenAI's cache reads it
+        prompt = messages_of(body) if kind == "responses" else body["messages"]
+        answer = state.prompt_cache.reused(prompt, body, answer)
     if kind == "responses":
         if not stream:
             full = response_body(ids, body, answer, shape)
@@ -233,23 +239,6 @@ async def _endpoint(
         ids, answer, chat=kind == "chat", include_usage=include_usage, shape=shape
     )
     return await _stream(request, entry, behaviour, outcome, events, answer, int(kind == "chat"))
-
-
-def _wants_json(body: dict[str, Any]) -> bool:
-    given = body.get("response_format")
-    text = body.get("text")
-    if given is None and isinstance(text, dict):
-        given = text.get("format")  # the Responses wire's place for it
-    return isinstance(given, dict) and given.get("type") in ("json_schema", "json_object")
-
-
-def _tool_result_last(body: dict[str, Any]) -> bool:
-    for key in ("messages", "input"):
-        given = body.get(key)
-        if isinstance(given, list) and given and isinstance(given[-1], dict):
-            last = given[-1]
-            return last.get("role") == "tool" or last.get("type") == "function_call_output"
-    return False
 
 
 async def _plain(
@@ -440,6 +429,7 @@ def create_app(
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_get("/health", _health)
     app.router.add_post("/v1/messages", anthropic_messages)
+    app.router.add_post("/v1/messages/count_tokens", anthropic_count_tokens)
     kinds = "{kind:chat/completions|completions|embeddings}"
     app.router.add_post("/openai/deployments/{deployment}/" + kinds, _azure_classic)
     app.router.add_post("/openai/v1/" + kinds, _azure_v1)

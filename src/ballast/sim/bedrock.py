@@ -136,8 +136,8 @@ def _usage(answer: Answer, emitted: int) -> dict[str, int]:
     """Converse's usage: tokens read from or written to the prompt cache apart."""
     prompt = answer.prompt_tokens
     usage = {"inputTokens": prompt, "outputTokens": emitted, "totalTokens": prompt + emitted}
-    if answer.cache is not None:
-        read, written = answer.cache
+    read, written = answer.cached_tokens, answer.cache_written
+    if read or written:
         usage["inputTokens"] = prompt - read - written
         usage.update(cacheReadInputTokens=read, cacheWriteInputTokens=written)
     return usage

@@ -113,10 +113,9 @@ async def handle(
         entry["disconnected"] = True
         return web.Response()
     ids = Ids(state.next_id(), int(time.time()), call.model, state.name)
-    if call.cache_prefix is not None:
-        answer = replace(
-            answer, cache=state.prompt_cache.split(call.cache_prefix, answer.prompt_tokens)
-        )
+    split = state.prompt_cache.split(call.cache_prefix, answer.prompt_tokens)
+    if split is not None:
+        answer = replace(answer, cached_tokens=split[0], cache_written=split[1])
     if not call.stream:
         entry["tokens"] = answer.completion_tokens
         body = wire.whole(ids, answer, behaviour)

@@ -64,7 +64,7 @@ def max_output_tokens(body: dict[str, Any]) -> int | None:
 def _usage(answer: Answer) -> dict[str, Any]:
     return {
         "input_tokens": answer.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": answer.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": answer.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": answer.prompt_tokens + answer.completion_tokens,

@@ -65,6 +65,9 @@ class Budgets:
         self.accept_for = accept_for
         self.expire_after = expire_after  # a dead instance's grants lapse after this
         self.idle_release = idle_release
+        # Grants that could not be asked, per key and period: the requests queued behind one
+        # take the fallback at once instead of each waiting out a timeout of its own.
+        self._unavailable: dict[tuple[str, str], int] = {}
         self._grants: dict[tuple[str, str], Grant] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._prefix = uuid.uuid4().hex[:12] + "-"
@@ -96,6 +99,7 @@ class Budgets:
         lock = self._locks.get(slot)
         if lock is None:
             lock = self._locks[slot] = asyncio.Lock()
+        failures = self._unavailable.get(slot, 0)
         async with lock:  # one grant asked at a time per key; the others then use it
             hold = self.reserve_now(key_id, period, amount)
             if hold is not None:
@@ -107,11 +111,17 @@ class Budgets:
                     await self._settle(old)
                 else:
                     self._close(old)
+            if self._unavailable.get(slot, 0) != failures:
+                raise LedgerUnavailable("failed for the request ahead of this one")
             grant_id = f"{self._prefix}{next(self._ids):x}"
             self.grants += 1
-            granted = await self.ledger.grant(
-                key_id, period, budget, amount, grant_id, self.expire_after
-            )
+            try:
+                granted = await self.ledger.grant(
+                    key_id, period, budget, amount, grant_id, self.expire_after
+                )
+            except LedgerUnavailable:
+                self._unavailable[slot] = failures + 1
+                raise
             if granted is None:
                 raise BudgetExceeded
             grant = Grant(

@@ -56,9 +56,16 @@ class Database:
                 connect_args={"timeout": timeout, "command_timeout": timeout},
             )
         self.engine: AsyncEngine = create_async_engine(self.url, **options)
+        # Statements sent, so an operator (and the fleet's test) can see what falls back to
+        # the database when Redis is away: the fleet view shows it per worker.
+        self.statements = 0
+        sa.event.listen(self.engine.sync_engine, "before_cursor_execute", self._count)
         self._file = Path(path) if self.is_sqlite and path and path != ":memory:" else None
         if self._file is not None:
             sa.event.listen(self.engine.sync_engine, "connect", _write_ahead_log)
+
+    def _count(self, *_: Any) -> None:
+        self.statements += 1
 
     async def upgrade(self) -> None:
         """Apply every pending migration (idempotent; serialised across instances and

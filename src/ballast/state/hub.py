@@ -57,7 +57,9 @@ class StateHub:
             clock,
             accept_for=settings.budgets.grant_accept_for,
             # A grant's requests end within the request timeout; past it, it lapses.
-            expire_after=settings.budgets.grant_accept_for + settings.timeouts.request + 60.0,
+            expire_after=settings.budgets.grant_accept_for
+            + settings.timeouts.request
+            + settings.budgets.grant_lapse_margin,
         )
 
     async def start(self) -> None:

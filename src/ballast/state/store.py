@@ -1,11 +1,18 @@
 """Redis behind the one breaker (seed 003). Every call has a tight timeout; after a few
 failures the breaker opens and every use takes its local fallback at once, with zero network
-calls, until one probe finds Redis healthy again. Redis down at start-up is not fatal."""
+calls, until one probe finds Redis healthy again. Redis down at start-up is not fatal.
+
+A request makes several Redis calls one after another (limits, budget, spend). Until the
+breaker opens, each could wait out its timeout; so once a call of a request failed, the
+request's other calls take their fallbacks at once (`scope_request`): no request waits on
+Redis longer than one call's timeout. Background tasks (flushes, heartbeats) keep trying:
+a wait there holds up no client."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ballast.config import StateSettings, breaker_config
@@ -20,6 +27,15 @@ if TYPE_CHECKING:  # redis is imported only when a Redis URL is configured
 log = logging.getLogger("ballast.redis")
 
 T = TypeVar("T")
+
+# The current request's mark: [whether one of its Redis calls failed]. Each request runs in
+# a task of its own, whose context is its own: one request's failure stops no other's calls.
+_REQUEST: ContextVar[list[bool] | None] = ContextVar("ballast_redis_request", default=None)
+
+
+def scope_request() -> None:
+    """Called as a request starts: its Redis calls after a failed one take their fallbacks."""
+    _REQUEST.set([False])
 
 
 class StoreUnavailable(Exception):
@@ -65,6 +81,9 @@ class RedisStore:
     async def call(self, fn: Callable[[redis.Redis], Awaitable[T]]) -> T:
         """Run one Redis operation (or pipeline) through the breaker."""
         client = self.client
+        request = _REQUEST.get()
+        if request is not None and request[0]:
+            raise StoreUnavailable("failed earlier in this request")
 
         async def admitted() -> T:
             self.calls += 1  # counts only calls that reach the network
@@ -75,6 +94,8 @@ class RedisStore:
         except BreakerOpenError:
             raise StoreUnavailable("breaker open") from None
         except self._errors as exc:
+            if request is not None:
+                request[0] = True
             # A timed-out connection may be out of step with the server (a late reply still
             # on its way): drop the pooled connections so later calls start on fresh ones.
             await self._reset_connections()

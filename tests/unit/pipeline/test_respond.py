@@ -28,6 +28,12 @@ class Writer:
         self.drained += 1
         self.room += 10
 
+    def cork(self) -> None:
+        self.corked = True
+
+    def uncork(self) -> None:
+        self.corked = False
+
 
 class Clock:
     def __init__(self) -> None:

@@ -70,3 +70,16 @@ def test_a_header_the_deployment_configures_wins() -> None:
     adapter = _adapter(headers={"anthropic-beta": "pinned"})
     call = _Call(forwarded=(("anthropic-beta", "client"),))
     assert "anthropic-beta" not in _lines(adapter.wire(call, "claude", RAW, True).headers)
+
+
+def test_the_count_goes_to_the_providers_own_endpoint_with_the_same_headers() -> None:
+    adapter = _adapter(api_key="sk-ant")
+    call = _Call(forwarded=(("anthropic-beta", "b1"),))
+    wire = adapter.count_wire(call)
+    assert wire is not None and wire.target == "/v1/messages/count_tokens"
+    assert wire.headers == adapter.wire(call, "claude", RAW, False).headers
+    rooted = Deployment(id="v", url="https://proxy.example/v1", provider="anthropic")
+    upstream = Upstream(rooted, Timeouts(), UpstreamSettings())
+    counted = AnthropicAdapter(rooted, upstream, AdapterContext()).count_wire(call)
+    assert counted is not None and counted.target == "/messages/count_tokens"
+    assert _adapter(messages="bridge").count_wire(call) is None  # bridged: no count of its own

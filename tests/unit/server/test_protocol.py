@@ -14,7 +14,7 @@ from uvicorn.server import ServerState
 
 from ballast.resilience.clock import ManualClock
 from ballast.server.protocol import GuardedHttpToolsProtocol
-from ballast.types import WRITE_TIMED_OUT, Receive, Scope, Send
+from ballast.types import BODY_WRITER, WRITE_TIMED_OUT, Receive, Scope, Send
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -139,3 +139,48 @@ async def test_a_client_that_stops_reading_is_cut_after_the_write_timeout() -> N
     finally:
         sock.close()
         server.close()
+
+
+async def test_a_corked_answer_leaves_in_one_write_and_closes_after_it() -> None:
+    """A whole answer's head and body in one write (one system call, one segment), also
+    when the connection closes after it (uvicorn closes the transport inside `send`)."""
+    writes: list[int] = []
+
+    async def corked(scope: Scope, receive: Receive, send: Send) -> None:
+        writer = scope[BODY_WRITER]
+        transport = writer._cycle().transport
+        real = transport.write
+        counted: list[bytes] = []
+
+        def counting(data: bytes) -> None:
+            counted.append(data)
+            real(data)
+
+        transport.write = counting
+        writer.cork()
+        try:
+            await app(scope, receive, send)
+        finally:
+            writer.uncork()
+        writes.append(len(counted))
+
+    config = Config(corked, lifespan="off", log_level="warning", access_log=False)
+    config.load()
+    state = ServerState()
+    server = await asyncio.get_running_loop().create_server(
+        lambda: GuardedHttpToolsProtocol(config=config, server_state=state, app_state={}),
+        "127.0.0.1",
+        0,
+    )
+    port = server.sockets[0].getsockname()[1]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        await writer.drain()
+        answers = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closed
+        writer.close()
+    finally:
+        server.close()
+    assert answers.count(b"HTTP/1.1 200 ") == 2 and answers.endswith(b"\r\n\r\nok")
+    assert writes == [1, 1]

@@ -133,6 +133,36 @@ async def test_sdk_stream_with_usage(client: openai.AsyncOpenAI) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
 
 
+async def test_a_repeated_long_prompt_reports_cached_tokens(client: openai.AsyncOpenAI) -> None:
+    messages: Any = [
+        {"role": "system", "content": "rule " * 1100},
+        {"role": "user", "content": "hi"},
+    ]
+    cached = []
+    for key in ("one", "one", "two"):
+        reply = await client.chat.completions.create(
+            model="m", messages=messages, prompt_cache_key=key
+        )
+        assert reply.usage is not None
+        details = reply.usage.prompt_tokens_details
+        cached.append(details.cached_tokens if details is not None else 0)
+    assert cached == [0, 1024, 0]  # written, read; another key, another cache
+    stream = await client.chat.completions.create(
+        model="m",
+        messages=messages,
+        prompt_cache_key="two",
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = [chunk.usage async for chunk in stream][-1]
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == 1024
+    for expected in (0, 1024):
+        response = await client.responses.create(model="m", instructions="rule " * 1100, input="hi")
+        assert response.usage is not None
+        assert response.usage.input_tokens_details.cached_tokens == expected
+
+
 async def test_raw_stream_format(sim: SimServer, http: aiohttp.ClientSession) -> None:
     resp, raw = await post_stream(http, sim, "ok?tokens=2")
     assert resp.status == 200

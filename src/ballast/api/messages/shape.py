@@ -85,6 +85,14 @@ def _form(ctx: RequestContext, chat: dict[str, Any], extended: bool) -> RequestC
     return form
 
 
+def keep_own(ctx: RequestContext) -> None:
+    """Ballast's own fields of a native request stay here: they are not sent upstream."""
+    payload = ctx.payload
+    for name in _OWN:
+        if name in payload:
+            ctx.edits[name] = None
+
+
 class MessagesShape(Shape):
     name = "anthropic"
     translates = True
@@ -110,7 +118,10 @@ class MessagesShape(Shape):
 
     def context(self, body: bytes, counting: bool) -> RequestContext:
         """The chat request for a Messages body (`counting`: a count_tokens body)."""
-        payload = _DUPLICATES.load(body)
+        return self.translated(_DUPLICATES.load(body), counting)
+
+    def translated(self, payload: dict[str, Any], counting: bool) -> RequestContext:
+        """The chat request for a Messages body already read."""
         fallbacks = _fallbacks(payload)
         chat = _chat(payload, counting, [])
         raw = orjson.dumps(chat)
@@ -142,9 +153,7 @@ class MessagesShape(Shape):
                 return
         ctx.native = True
         ctx.usage_added = True  # a Messages stream always carries its usage
-        for name in _OWN:
-            if name in payload:
-                ctx.edits[name] = None
+        keep_own(ctx)
 
     def authorization(self, scope: Scope) -> bytes | None:
         key = header(scope, b"x-api-key")

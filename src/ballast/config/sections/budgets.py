@@ -41,4 +41,10 @@ class BudgetSettings(Section):
         8.0, ge=1, description="a grant takes up to what is left of a budget / this"
     )
     grant_accept_for: float = Field(30.0, gt=0, description="seconds a grant takes requests")
+    grant_lapse_margin: float = Field(
+        60.0,
+        gt=0,
+        description="seconds past grant_accept_for + the request timeout after which a grant "
+        "whose holder died (kill -9) stops reserving budget",
+    )
     built_in_prices: bool = Field(True, description="price known models from the built-in table")

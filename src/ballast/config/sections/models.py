@@ -19,6 +19,12 @@ class ModelGroup(Section):
     fallbacks: list[str] = Field(default_factory=list)
     context_fallbacks: list[str] = Field(default_factory=list)
     strategy: Literal["health", "ordered", "weighted"] = "health"
+    affinity: Literal["prompt_cache", "off"] | None = Field(
+        None,
+        description="prompt_cache: a conversation's requests go to the deployment that"
+        " answered it last while that one is healthy, so its prompt cache stays warm"
+        " (docs/routing.md); unset: prompt_cache, except with strategy ordered",
+    )
     cache: CacheSettings | None = None
     strict_params: bool = Field(
         False,
@@ -26,6 +32,14 @@ class ModelGroup(Section):
         " its way to a deployment of another API shape; false: drop it and name it in the"
         " x-ballast-dropped header, the request log and a metric",
     )
+
+    @property
+    def prompt_affinity(self) -> bool:
+        """Conversations keep to a deployment: asked for, or by default where the strategy
+        spreads them (`ordered` keeps them on its first deployment already, and a failover
+        must not outlast the first one's recovery)."""
+        affinity = self.affinity
+        return affinity == "prompt_cache" or (affinity is None and self.strategy != "ordered")
 
     @property
     def is_wildcard(self) -> bool:

@@ -69,4 +69,16 @@ class RoutingSettings(Section):
         None, gt=0, description="start a second stream after this long without a first token"
     )
     hedge_on_p95: bool = Field(False, description="hedge after the deployment's p95 TTFT")
+    affinity_entries: int = Field(
+        50_000,
+        ge=1,
+        description="conversations each worker remembers the deployment of, for prompt-cache"
+        " affinity (the least recently answered are forgotten first)",
+    )
+    affinity_ttl: float = Field(
+        600.0,
+        gt=0,
+        description="seconds a conversation keeps to the deployment that answered it last,"
+        " after its last answer (a provider's prompt cache lasts 5 to 10 minutes unused)",
+    )
     breaker: DeploymentBreakerSettings = DeploymentBreakerSettings()
