@@ -202,7 +202,10 @@ class Relay:
             return None
         self.opened = opened
         self.continuations += 1
-        regenerate = prefill is None or not opened.attempt.target.adapter.continues(call)
+        # The deployment that answered says whether it went on from the prefill (a model or
+        # mode that refuses one was sent none, and regenerates).
+        adapter = opened.attempt.target.adapter
+        regenerate = prefill is None or not adapter.continues(call, prefill)
         self._before = None if regenerate else sent
         held = opened.held
         opened.held = []
