@@ -1,5 +1,7 @@
-"""Continuation that knows its limits, through the official SDKs: a continuation never
-prefills a model or mode that refuses a prefill."""
+"""Continuation that knows its limits, through the official SDKs: a continuation goes on from
+exactly what the client has (even when the one before it broke too), never prefills a model
+or mode that refuses a prefill, and never splices into a tool call (a regenerated call must
+say the client's arguments again, character for character, before anything new)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import openai
 import pytest
 
 from ballast.sim.server import SimServer
+from tests.e2e.test_agents import arguments, tool_stream
 from tests.e2e.test_routing import MESSAGES, client, config, full, ordered
 from tests.stack import Gateway, Stack, deployment
 
@@ -30,6 +33,97 @@ def claude(dep_id: str, sim: SimServer, **extra: Any) -> dict[str, Any]:
 
 def messages_api(gateway: Gateway) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=gateway.url, api_key="sk-client", max_retries=0, timeout=20)
+
+
+# -- what the client has ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefill", [True, False], ids=["prefill", "regenerate"])
+def test_a_regeneration_cut_before_it_caught_up_goes_on_from_what_the_client_has(
+    stack: Stack, prefill: bool
+) -> None:
+    """b regenerates the answer and breaks after 20 tokens, short of the 40 the client has:
+    c must go on from the 40 (prefilled with them, or matching them), not from b's 20."""
+    a = stack.sim("cut?after=40&tokens=60", name="a")
+    b = stack.sim("cut?after=20&tokens=60", name="b")
+    c = stack.sim("ok?tokens=60", name="c")
+    chat = ordered(
+        "chat", deployment("a", a), deployment("b", b), deployment("c", c, supports_prefill=prefill)
+    )
+    assert streamed_text(client(stack.gateway(config(chat)))) == full(60)  # each token once
+    (regenerated,) = stack.attempts(b)
+    (continued,) = stack.attempts(c)
+    assert regenerated["prefill"] is False and continued["prefill"] is prefill
+
+
+def test_a_tool_call_broken_twice_is_whole_and_once(stack: Stack) -> None:
+    a = stack.sim("cut?shape=tool&after=8&tokens=12", name="a")
+    b = stack.sim("cut?shape=tool&after=3&tokens=12", name="b")
+    c = stack.sim("ok?shape=tool&tokens=12", name="c")
+    chat = ordered(
+        "chat", deployment("a", a), deployment("b", b), deployment("c", c, supports_prefill=True)
+    )
+    _, calls, finish = tool_stream(client(stack.gateway(config(chat))))
+    assert finish == "tool_calls" and list(calls) == [0]
+    assert calls[0]["arguments"] == arguments(12)  # character for character, nothing twice
+    assert calls[0]["id"] == "call_sim_1"  # a's id, the one the client saw first
+    assert [entry["prefill"] for entry in stack.attempts(c)] == [False]  # never spliced into
+
+
+# -- tool calls ---------------------------------------------------------------------------
+
+
+def test_a_tool_call_cut_mid_arguments_is_regenerated_even_where_a_prefill_would_go(
+    stack: Stack,
+) -> None:
+    """A Messages client (bridged) gets one tool_use block whose input is whole, from a
+    deployment that could continue a prefill but is not given one while a call is open."""
+    a = stack.sim("cut?shape=tool&after=5&tokens=10", name="a")
+    b = stack.sim("ok?shape=tool&tokens=10", name="b")
+    chat = ordered("chat", deployment("a", a), claude("b", b, messages="bridge"))
+    gateway = stack.gateway(config(chat))
+    with messages_api(gateway).messages.stream(
+        model="chat", max_tokens=100, messages=HI, tools=TOOLS
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    (call,) = final.content
+    assert call.type == "tool_use" and call.input == {"q": full(10)}
+    assert kinds.count("content_block_start") == 1 and kinds[-1] == "message_stop"
+    (continued,) = stack.attempts(b)
+    assert continued["prefill"] is False
+
+
+def test_a_regeneration_that_says_text_where_the_client_has_a_call_ends_with_an_error(
+    stack: Stack,
+) -> None:
+    """The regenerated answer is text, not the call the client has half of: nothing of it
+    reaches the client (no text after a broken call), and the stream ends with an error."""
+    a = stack.sim("cut?shape=tool&after=4&tokens=12", name="a")
+    b = stack.sim("ok?tokens=12", name="b")
+    gateway = stack.gateway(config(ordered("chat", deployment("a", a), deployment("b", b))))
+    text, finishes = "", []
+    with pytest.raises(openai.APIError) as info:
+        for chunk in client(gateway).chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True
+        ):
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finishes.append(chunk.choices[0].finish_reason)
+    assert text == "" and not any(finishes)
+    assert "diverged" in str(info.value)
+    # The same through a Messages client: a tool_use block, then Anthropic's error event.
+    kinds: list[str] = []
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        with messages_api(gateway).messages.stream(
+            model="chat", max_tokens=100, messages=HI, tools=TOOLS
+        ) as stream:
+            for event in stream:
+                kinds.append(event.type)
+                if event.type == "content_block_start":
+                    assert event.content_block.type == "tool_use"
+    assert "message_stop" not in kinds and "message_delta" not in kinds
+    assert raised.value.body["error"]["type"] == "api_error"  # type: ignore[index]
 
 
 # -- models and modes that refuse a prefill ----------------------------------------------
