@@ -1,7 +1,8 @@
 """Continuation that knows its limits, through the official SDKs: a continuation goes on from
 exactly what the client has (even when the one before it broke too), never prefills a model
-or mode that refuses a prefill, and never splices into a tool call (a regenerated call must
-say the client's arguments again, character for character, before anything new)."""
+or mode that refuses a prefill, never splices into a tool call (a regenerated call must say
+the client's arguments again, character for character, before anything new), and a native
+stream, which nothing continues, ends with its own shape's error event, never a clean end."""
 
 from __future__ import annotations
 
@@ -153,3 +154,73 @@ def test_a_deployment_or_mode_that_refuses_a_prefill_regenerates(
     assert streamed_text(client(gateway), **extra) == full(60)
     (continued,) = stack.attempts(b)
     assert continued["prefill"] is False and continued["outcome"] == "ok"
+
+
+# -- native streams: nothing continues them ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "error_type", "said"),
+    [
+        ("cut?after=5&tokens=20", "api_error", 5),
+        ("stall?after=5&seconds=60&tokens=20", "timeout_error", 5),
+        ("error_event?after=5&tokens=20", "api_error", 5),
+    ],
+)
+def test_a_native_messages_stream_cut_ends_with_anthropics_error_event(
+    stack: Stack, fault: str, error_type: str, said: int
+) -> None:
+    a = stack.sim(fault, name="a")
+    b = stack.sim("ok?tokens=20", name="b")
+    gateway = stack.gateway(config(ordered("chat", claude("a", a), claude("b", b))))
+    text, kinds = "", []
+    with pytest.raises(anthropic.APIStatusError) as info:
+        with messages_api(gateway).messages.stream(
+            model="chat", max_tokens=100, messages=HI
+        ) as stream:
+            for event in stream:
+                kinds.append(event.type)
+                if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    text += event.delta.text
+    assert text == full(said)
+    assert "message_stop" not in kinds and "message_delta" not in kinds  # never a clean end
+    body = info.value.body
+    assert isinstance(body, dict) and body["type"] == "error"
+    assert body["error"]["type"] == error_type
+    assert stack.attempts(b) == []  # a native stream is not continued elsewhere
+
+
+def test_a_native_messages_stream_that_finished_without_message_stop_gets_it(
+    stack: Stack,
+) -> None:
+    a = stack.sim("no_done?tokens=20", name="a")
+    gateway = stack.gateway(config(ordered("chat", claude("a", a))))
+    with messages_api(gateway).messages.stream(model="chat", max_tokens=100, messages=HI) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[-2:] == ["message_delta", "message_stop"]
+    assert final.content[0].type == "text" and final.content[0].text == full(20)
+
+
+def test_a_native_responses_stream_cut_ends_failed_never_completed(stack: Stack) -> None:
+    a = stack.sim("cut?after=5&tokens=20", name="a")
+    b = stack.sim("ok?tokens=20", name="b")
+    chat = ordered(
+        "chat", deployment("a", a, responses="native"), deployment("b", b, responses="native")
+    )
+    api = client(stack.gateway(config(chat)))
+    events = list(api.responses.create(model="chat", input="hi", stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[-2:] == ["error", "response.failed"]
+    assert "response.completed" not in kinds and "response.incomplete" not in kinds
+    created, failed = events[0], events[-1]
+    assert created.type == "response.created" and failed.type == "response.failed"
+    assert failed.response.id == created.response.id and failed.response.status == "failed"
+    assert failed.response.error is not None and failed.response.error.code == "server_error"
+    numbers = [event.sequence_number for event in events]
+    assert numbers == list(range(len(events)))  # numbered on from the upstream's own
+    with pytest.raises(RuntimeError), api.responses.stream(model="chat", input="hi") as stream:
+        for _ in stream:
+            pass
+        stream.get_final_response()  # no response.completed: the SDK says so
+    assert stack.attempts(b) == []

@@ -173,7 +173,11 @@ class Relay:
             return "no data within the inter-chunk timeout and no deployment could continue"
         if failure.kind is failures.REQUEST_TIMEOUT:
             return "the request's time ran out before the answer finished"
-        return "the connection ended before the answer finished and no deployment could continue"
+        if failure.kind is failures.STREAM_CUT:
+            return (
+                "the connection ended before the answer finished and no deployment could continue"
+            )
+        return "the upstream ended the stream with an error and no deployment could continue"
 
     def _sent(self) -> Sent:
         """What the client has now: what the first stream said, or what the continuation's
