@@ -219,7 +219,10 @@ def test_a_native_responses_stream_cut_ends_failed_never_completed(stack: Stack)
     assert failed.response.error is not None and failed.response.error.code == "server_error"
     numbers = [event.sequence_number for event in events]
     assert numbers == list(range(len(events)))  # numbered on from the upstream's own
-    with pytest.raises(RuntimeError), api.responses.stream(model="chat", input="hi") as stream:
+    with (
+        pytest.raises(RuntimeError, match=r"`response\.completed`"),
+        api.responses.stream(model="chat", input="hi") as stream,
+    ):
         for _ in stream:
             pass
         stream.get_final_response()  # no response.completed: the SDK says so
