@@ -85,7 +85,6 @@ MEANINGS = {
     "models[].deployments[].weight": "share of traffic with `strategy: weighted`",
     "models[].deployments[].timeouts": "this deployment's overrides of `timeouts`",
     "models[].deployments[].pool_size": "connections to it (default `upstream.pool_size`)",
-    "models[].deployments[].supports_prefill": "it can continue an assistant prefill",
     "models[].deployments[].headers": "extra headers sent to it (values never shown)",
     "models[].deployments[].tls.ca_file": "PEM CA bundle trusted for it instead of the system's",
     "models[].fallbacks": "other models tried when this one cannot answer",

@@ -97,8 +97,7 @@ def test_a_stream_nothing_can_continue_ends_with_an_error_event(
     assert text == full(20 if fault.startswith("stall") else 40)
     assert "error" in kinds
     assert "response.completed" not in kinds and "response.incomplete" not in kinds
-    if way == "bridge":
-        assert kinds[-1] == "response.failed"
+    assert kinds[-1] == "response.failed"  # native too: the response ends failed
     with pytest.raises(RuntimeError), api.responses.stream(model="chat", input="hi") as stream:
         for _ in stream:
             pass

@@ -85,6 +85,32 @@ def test_a_prefill_is_continued(client: anthropic.Anthropic) -> None:
     assert "tok1 " + message.content[0].text.lstrip() == TEXT[len("tok0 ") :]
 
 
+def test_with_thinking_on_a_prefill_is_refused_as_anthropic_refuses_it(
+    client: anthropic.Anthropic,
+) -> None:
+    prefill: Any = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "tok0 tok1"},
+    ]
+    thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+    for stream in (False, True):
+        with pytest.raises(anthropic.BadRequestError) as info:
+            client.messages.create(
+                model="claude-sim",
+                max_tokens=64,
+                messages=prefill,
+                thinking=thinking,
+                stream=stream,
+            )
+        assert "must start with a thinking block" in info.value.message
+    # The same conversation without the prefill, or without thinking, is answered.
+    answered = client.messages.create(
+        model="claude-sim", max_tokens=64, messages=prefill[:1], thinking=thinking
+    )
+    assert [block.type for block in answered.content] == ["thinking", "text"]
+    assert client.messages.create(model="claude-sim", max_tokens=64, messages=prefill).content
+
+
 def test_an_error_event_mid_stream_is_an_sdk_error(client: anthropic.Anthropic) -> None:
     text = ""
     with pytest.raises(anthropic.APIStatusError, match="Overloaded"):

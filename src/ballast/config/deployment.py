@@ -48,7 +48,12 @@ class Deployment(Section):
     max_response_bytes: int | None = Field(
         None, ge=1024, description="this deployment's limit on a whole answer (upstream's)"
     )
-    supports_prefill: bool = False
+    supports_prefill: bool | None = Field(
+        None,
+        description="it continues an assistant prefill, so a cut stream goes on from the text"
+        " so far (false: its model refuses one, and a cut answer is regenerated and checked);"
+        " unset: yes for provider anthropic, no for the others. Never with reasoning on",
+    )
     answers_as_streams: bool | None = Field(
         None,
         description="this deployment's own routing.answers_as_streams (false for an upstream"

@@ -72,7 +72,7 @@ class Relay:
         self.continuation = continuation
         self.continuations = 0
         self._splice: Splice | None = None
-        self._before: Sent | None = Sent()  # what the client had when this stream began
+        self._diverged = False  # a continuation said something other than the client has
         self._original: Failure | None = None
         # True while the piece just yielded is the stream's last: it may end the response.
         self.ending = False
@@ -129,9 +129,10 @@ class Relay:
                         out = self._filter(pending)
                     except Diverged:
                         self._end(None, diverged=True)
+                        self._diverged = True
                         original = self._original or Failure(failures.STREAM_CUT, "diverged")
                         self.ending = True
-                        yield failure_error(original, "the continuation diverged from the answer")
+                        yield failure_error(original, self._detail(original))
                         return
                     if out:
                         self.ending = stream.state.done
@@ -166,15 +167,24 @@ class Relay:
         return self._splice.apply_all(events)
 
     def _detail(self, failure: Failure) -> str:
+        if self._diverged:
+            return "the continuation diverged from the answer"
         if failure.kind is failures.INTER_CHUNK_TIMEOUT:
             return "no data within the inter-chunk timeout and no deployment could continue"
         if failure.kind is failures.REQUEST_TIMEOUT:
             return "the request's time ran out before the answer finished"
-        return "the connection ended before the answer finished and no deployment could continue"
+        if failure.kind is failures.STREAM_CUT:
+            return (
+                "the connection ended before the answer finished and no deployment could continue"
+            )
+        return "the upstream ended the stream with an error and no deployment could continue"
 
     def _sent(self) -> Sent:
-        """What the client has now: a regenerated stream said all of it itself."""
-        return Sent.of(self.opened.stream.state, self._before)
+        """What the client has now: what the first stream said, or what the continuation's
+        splice let through after what the client had before it."""
+        state = self.opened.stream.state
+        splice = self._splice
+        return Sent.of(state) if splice is None else splice.sent(state)
 
     async def _continue(self, failure: Failure) -> list[StreamEvent] | None:
         """Open a continuation on another deployment; its first events, or None."""
@@ -189,7 +199,7 @@ class Relay:
             "continuation", {"deployment": self.deployment, "reason": failure.kind.label}
         )
         # Only text can be prefilled; reasoning and tool calls are regenerated and checked.
-        prefill = sent.text if sent.plain else None
+        prefill = sent.prefill
         try:
             opened = await self.dispatch.open(call, self.group, self.attempts, prefill=prefill)
         except Failure as second:
@@ -202,14 +212,17 @@ class Relay:
             return None
         self.opened = opened
         self.continuations += 1
-        regenerate = prefill is None or not opened.attempt.target.adapter.continues(call)
-        self._before = None if regenerate else sent
+        # The deployment that answered says whether it went on from the prefill (a model or
+        # mode that refuses one was sent none, and regenerates).
+        adapter = opened.attempt.target.adapter
+        regenerate = prefill is None or not adapter.continues(call, prefill)
         held = opened.held
         opened.held = []
         try:
             Splice(sent, regenerate).apply_all(held)  # check it agrees before relaying
         except Diverged:
             self._end(None, diverged=True)
+            self._diverged = True
             return None
         self._splice = Splice(sent, regenerate)
         return held

@@ -24,11 +24,6 @@ from ballast.upstream.provider_wire import Wire
 _PING = {"role": "user", "content": "ping"}
 
 
-def _thinks(payload: dict[str, Any]) -> bool:
-    thinking = payload.get("thinking")
-    return isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled")
-
-
 class AnthropicAdapter(NativeAdapter):
     name: ClassVar[str] = "anthropic"
     extensions: ClassVar[frozenset[str]] = frozenset(("cache_control", "thinking"))
@@ -36,7 +31,8 @@ class AnthropicAdapter(NativeAdapter):
     def __init__(self, deployment: Deployment, upstream: Upstream, context: AdapterContext):
         super().__init__(deployment, upstream, context)
         self.options = deployment.anthropic or AnthropicOptions()
-        self.capabilities = Capabilities(prefill=True)
+        # Messages continues a prefill unless the deployment says its model refuses one.
+        self.capabilities = Capabilities(prefill=deployment.supports_prefill is not False)
         headers = {"anthropic-version": self.options.version}
         if deployment.api_key is not None:
             headers["x-api-key"] = deployment.api_key.get_secret_value()
@@ -91,13 +87,11 @@ class AnthropicAdapter(NativeAdapter):
 
     def apply_prefill(self, call: OutboundCall, payload: dict[str, Any], text: str) -> None:
         """The text as a final assistant turn (Messages refuses one that ends in white space:
-        the answer's own white space comes back, see the wire's `trim`); none with extended
-        thinking on (see `continues`)."""
-        if text and not _thinks(payload) and isinstance(payload.get("messages"), list):
-            payload["messages"] = [
-                *payload["messages"],
-                {"role": "assistant", "content": text.rstrip()},
-            ]
+        the answer's own white space comes back, see the wire's `trim`)."""
+        payload["messages"] = [
+            *payload["messages"],
+            {"role": "assistant", "content": text.rstrip()},
+        ]
 
     def wire(
         self,
@@ -113,7 +107,7 @@ class AnthropicAdapter(NativeAdapter):
         usage_wanted = isinstance(options, dict) and bool(options.get("include_usage"))
         created = int(self.context.clock.time())
         trim = prefill is not None and prefill != prefill.rstrip()
-        trim = trim and not _thinks(call.payload)
+        trim = trim and self.continues(call, prefill or "")
         return AnthropicWire(
             self._target, self._headers, self.upstream_model(model), created, usage_wanted, trim
         )
@@ -125,10 +119,11 @@ class AnthropicAdapter(NativeAdapter):
             return None
         return NativeWire(self._target + "/count_tokens", self._native_headers(call))
 
-    def continues(self, call: OutboundCall) -> bool:
-        """Messages goes on from a prefill, except with extended thinking on (a final
-        assistant turn must then open with a thinking block): that answer is regenerated."""
-        return not _thinks(call.payload)
+    def continues(self, call: OutboundCall, prefill: str) -> bool:
+        """Messages goes on from a prefill, except with extended thinking on (it answers 400
+        to a final assistant turn that does not open with a thinking block) or one that is
+        only white space (sent without it, nothing would be left): regenerated instead."""
+        return bool(prefill.rstrip()) and super().continues(call, prefill)
 
     def probe_wire(self, method: str, path: str, body: bytes | None) -> Wire:
         return Wire(self._target, self._headers)

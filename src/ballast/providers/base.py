@@ -29,6 +29,23 @@ class Capabilities:
     prefill: bool = False  # continues an assistant message it is given (continuation)
 
 
+def thinking_on(payload: dict[str, Any]) -> bool:
+    """Whether a chat request turns the model's reasoning on: Anthropic's `thinking` (also
+    what DeepSeek, GLM and Kimi servers read), a chat template's `enable_thinking` (vLLM,
+    SGLang, llama.cpp) or `reasoning_effort`. Such a model refuses an assistant prefill (400)
+    or thinks afresh after it, so a continuation regenerates instead."""
+    thinking = payload.get("thinking")
+    if thinking is True or (
+        isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled")
+    ):
+        return True
+    template = payload.get("chat_template_kwargs")
+    if isinstance(template, dict) and (template.get("enable_thinking") or template.get("thinking")):
+        return True
+    effort = payload.get("reasoning_effort")
+    return isinstance(effort, str) and effort != "none"
+
+
 class OutboundCall(Protocol):
     """What an adapter reads of a client request (the pipeline's request context)."""
 
@@ -141,7 +158,8 @@ class Adapter:
         self.deployment = deployment
         self.upstream = upstream
         self.context = context
-        self.capabilities = Capabilities(prefill=deployment.supports_prefill)
+        # Unset: the provider's default, which for OpenAI-compatible upstreams is no.
+        self.capabilities = Capabilities(prefill=deployment.supports_prefill is True)
 
     async def start(self) -> None:
         """Prepare anything the provider needs before the first request."""
@@ -168,7 +186,10 @@ class Adapter:
     def body(self, call: OutboundCall, model: str, prefill: str | None = None) -> bytes:
         """The request body for this deployment. The client's own bytes go out untouched
         when nothing changes; otherwise the body is encoded once, with every edit applied.
-        `prefill`: text the answer must go on from (a continuation)."""
+        `prefill`: text the answer must go on from (a continuation), sent only where the
+        deployment `continues` it."""
+        if prefill is not None and not self.continues(call, prefill):
+            prefill = None
         upstream_model = self.upstream_model(model)
         if prefill is None and upstream_model == call.model:
             if not call.edits:
@@ -201,20 +222,28 @@ class Adapter:
         return None
 
     def apply_prefill(self, call: OutboundCall, payload: dict[str, Any], text: str) -> None:
-        """Ask the deployment to go on from `text`: a text completion's prompt simply grows;
-        a chat gets the text as a final assistant message where the provider continues one
-        (else the request is left as it is and the answer is regenerated)."""
-        if call.path == "/completions" and isinstance(payload.get("prompt"), str):
+        """Ask the deployment to go on from `text` (only where it `continues`): a text
+        completion's prompt simply grows; a chat gets the text as a final assistant message."""
+        if call.path == "/completions":
             payload["prompt"] = payload["prompt"] + text
-        elif self.capabilities.prefill and text and isinstance(payload.get("messages"), list):
+        else:
             payload["messages"] = [*payload["messages"], {"role": "assistant", "content": text}]
 
-    def continues(self, call: OutboundCall) -> bool:
-        """True when a prefilled request makes this deployment go on from the text, so its
-        answer holds only the rest (no regeneration to check against what was sent)."""
+    def continues(self, call: OutboundCall, prefill: str) -> bool:
+        """The one decision whether this deployment is sent `prefill` and goes on from it,
+        so its answer holds only the rest; False: it is sent the request as it is and the
+        answer is regenerated and checked against what the client has. A chat is continued
+        only by a deployment that can (`supports_prefill`), never with reasoning on."""
+        payload = edited(call) if call.edits else call.payload
         if call.path == "/completions":
-            return isinstance(call.payload.get("prompt"), str)
-        return self.capabilities.prefill
+            return isinstance(payload.get("prompt"), str)
+        return (
+            call.path == "/chat/completions"
+            and self.capabilities.prefill
+            and bool(prefill)
+            and isinstance(payload.get("messages"), list)
+            and not thinking_on(payload)
+        )
 
     def routed(
         self, call: OutboundCall, model: str, send: Callable[[Route | None], Awaitable[T]]

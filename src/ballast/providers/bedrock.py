@@ -148,10 +148,14 @@ class BedrockAdapter(NativeAdapter):
     def apply_prefill(self, call: OutboundCall, payload: dict[str, Any], text: str) -> None:
         """A final assistant turn to go on from (Claude on Bedrock continues one), without
         its trailing whitespace, which Converse refuses there."""
-        if self.capabilities.prefill and text.rstrip():
-            messages = payload.get("messages")
-            if isinstance(messages, list):
-                payload["messages"] = [*messages, {"role": "assistant", "content": text.rstrip()}]
+        payload["messages"] = [
+            *payload["messages"],
+            {"role": "assistant", "content": text.rstrip()},
+        ]
+
+    def continues(self, call: OutboundCall, prefill: str) -> bool:
+        """As any chat deployment, and never a prefill that is only white space."""
+        return bool(prefill.rstrip()) and super().continues(call, prefill)
 
     def wire(
         self,
@@ -172,7 +176,7 @@ class BedrockAdapter(NativeAdapter):
             _parse_error,
         )
         trimmed = prefill is not None and prefill != prefill.rstrip()
-        wire.trim = self.capabilities.prefill and trimmed
+        wire.trim = trimmed and self.continues(call, prefill or "")
         return wire
 
     def _sign(self, target: str, body: bytes) -> bytes:

@@ -37,9 +37,13 @@ class NativeAdapter(Adapter, ABC):
                 f"a {self.name} deployment answers chat completions, not {call.path}"
             )
         payload = edited(call)
-        if prefill is not None:
+        if prefill is not None and self.continues(call, prefill):
             self.apply_prefill(call, payload, prefill)
         return orjson.dumps(self.translate(payload, self.upstream_model(model)))
+
+    def continues(self, call: OutboundCall, prefill: str) -> bool:
+        """Only a chat is continued here: there is no text completion to grow."""
+        return call.path == "/chat/completions" and super().continues(call, prefill)
 
     def probe_request(self) -> tuple[str, str, dict[str, Any] | None] | None:
         """A one-token request in the provider's own wire, when the deployment names its

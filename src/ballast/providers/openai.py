@@ -19,8 +19,6 @@ class VllmAdapter(Adapter):
 
     def apply_prefill(self, call: OutboundCall, payload: dict[str, Any], text: str) -> None:
         super().apply_prefill(call, payload, text)
-        if call.path == "/chat/completions" and self.capabilities.prefill and text:
-            if not isinstance(call.payload.get("messages"), list):
-                return
+        if call.path == "/chat/completions":
             payload["continue_final_message"] = True
             payload["add_generation_prompt"] = False

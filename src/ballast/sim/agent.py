@@ -30,11 +30,24 @@ def thinks(body: dict[str, Any]) -> bool:
 
 def thinking_problem(body: dict[str, Any]) -> str | None:
     """Anthropic's refusal of a conversation whose thinking blocks do not hold: a signature
-    this simulator did not make, or (thinking on) a final assistant turn that calls a tool
-    without opening with its thinking block. None when it holds."""
+    this simulator did not make, or (thinking on) a final assistant turn that calls a tool,
+    or a prefill (the request's last message an assistant turn), without opening with its
+    thinking block. None when it holds."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
+    last = messages[-1] if messages else None
+    if thinks(body) and isinstance(last, dict) and last.get("role") == "assistant":
+        content = last.get("content")
+        blocks = [{"type": "text"}] if isinstance(content, str) else content
+        first = blocks[0] if isinstance(blocks, list) and blocks else None
+        kind = first.get("type") if isinstance(first, dict) else None
+        if kind not in ("thinking", "redacted_thinking"):
+            return (
+                f"messages.{len(messages) - 1}.content.0.type: Expected `thinking` or"
+                f" `redacted_thinking`, but found `{kind}`. When `thinking` is enabled, a"
+                " final `assistant` message must start with a thinking block"
+            )
     last_assistant = None
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") != "assistant":

@@ -9,7 +9,8 @@ ends the stream without `message_stop`.
 
 Strict where agents depend on it (agent.py): with thinking on, an answer opens with a signed
 thinking block (its signature in a `signature_delta` when streamed), and a conversation whose
-thinking blocks were altered or lost on a tool turn is refused with Anthropic's 400."""
+thinking blocks were altered or lost on a tool turn, or that ends in an assistant prefill
+while thinking is on, is refused with Anthropic's 400."""
 
 from __future__ import annotations
 

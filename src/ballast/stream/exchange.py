@@ -281,11 +281,17 @@ class UpstreamStream:
             self.state.done = True
             out.append(DONE_EVENT)
             return out
-        raise Failure(
+        cut = Failure(
             failures.STREAM_CUT,
             "upstream closed the stream before the answer finished",
             deployment=self.upstream.id,
         )
+        if out:
+            # The state has read these: the client gets them before the cut, so that a
+            # continuation goes on from exactly what the client has.
+            self._failure = cut
+            return out
+        raise cut
 
     def close(self) -> None:
         """Return the connection to the pool only after a clean end; otherwise drop it."""

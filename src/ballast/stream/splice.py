@@ -3,8 +3,17 @@
 After a stream breaks, the next deployment either goes on from a prefill (its answer holds
 only the rest) or regenerates the whole answer, which must begin with exactly what the client
 has: the same text, the same reasoning, the same tool calls (same names, arguments that start
-with the client's). Only the remainder is relayed; anything else is a divergence, and the
-stream ends with an error event rather than a corrupted or truncated answer."""
+with the client's, character for character: a call cut inside a JSON string or one of its
+escapes is matched as the text it is, never re-encoded). Only the remainder is relayed, and
+only once everything the client has was said again: an answer that says something new first
+(more text while a tool call the client has is still short, another call, text after a cut
+reasoning) is another answer. Anything else is a divergence, and the stream ends with an error
+event rather than a corrupted or truncated answer.
+
+A prefill carries text only: while a tool call or reasoning is under way the answer is
+regenerated (`Sent.prefill`). Reasoning that a continuation says before what the client has
+(a model that thinks first, where the client's answer had no reasoning) is left out: it
+cannot go before text the client already has."""
 
 from __future__ import annotations
 
@@ -29,22 +38,25 @@ class Sent:
         """Only text: a prefill can carry it."""
         return not self.reasoning and not self.tools
 
+    @property
+    def prefill(self) -> str | None:
+        """The text a continuation may go on from, or None: the answer must be regenerated
+        (a tool call's arguments or reasoning are never prefilled, nor spliced into)."""
+        return self.text if self.plain and self.text else None
+
     @classmethod
-    def of(cls, state: StreamState, before: Sent | None = None) -> Sent:
-        """What a stream said, after what the client had before it (a prefilled stream holds
-        only the rest; a regenerated one everything, so it is given no `before`)."""
+    def of(cls, state: StreamState) -> Sent:
+        """What a stream said."""
         tools = {i: (t.name, t.args) for i, t in state.tools.items()}
-        if before is None:
-            return cls(state.content, state.reasoning_text, tools)
-        return cls(
-            before.text + state.content,
-            before.reasoning + state.reasoning_text,
-            {**before.tools, **tools},
-        )
+        return cls(state.content, state.reasoning_text, tools)
 
 
 class Diverged(Exception):
     """The continuation says something other than what the client has."""
+
+
+def _longer(a: str, b: str) -> str:
+    return a if len(a) >= len(b) else b
 
 
 class Splice:
@@ -52,9 +64,33 @@ class Splice:
     what the client already has and notices when the new answer says something else."""
 
     def __init__(self, sent: Sent, regenerate: bool) -> None:
+        self.base = sent  # what the client had when this stream began
+        self.regenerate = regenerate
         self.expect = sent if regenerate else Sent()
+        # Reasoning the client's answer does not have, said before what it has: left out.
+        self._quiet = not self.expect.reasoning and bool(sent.text or sent.tools)
         self._matched: dict[Any, int] = {}  # how much of each field has been seen again
         self._names: dict[int, str] = {}  # tool call names as the new stream gives them
+
+    def sent(self, state: StreamState) -> Sent:
+        """What the client has once this stream's events so far went through the splice
+        (`state`: the stream's own, which saw them all)."""
+        said = Sent.of(state)
+        base = self.base
+        reasoning = base.reasoning
+        if not self.regenerate:
+            if not self._quiet:
+                reasoning += said.reasoning
+            return Sent(base.text + said.text, reasoning, {**base.tools, **said.tools})
+        # A regenerated field is a prefix of the client's, or the client's and what was
+        # relayed after it: the longer of the two is what the client has.
+        tools = dict(base.tools)
+        for index, (name, args) in said.tools.items():
+            had = tools.get(index, ("", ""))
+            tools[index] = (_longer(had[0], name), _longer(had[1], args))
+        if not self._quiet:
+            reasoning = _longer(reasoning, said.reasoning)
+        return Sent(_longer(base.text, said.text), reasoning, tools)
 
     def apply(self, event: StreamEvent) -> StreamEvent | None:
         """The event as the client should get it, or None to drop it. Raises Diverged."""
@@ -83,8 +119,9 @@ class Splice:
             if piece is not None:
                 choice["text"] = self._match("text", self.expect.text, piece)
             said = bool(choice.get("text"))
-        if choice.get("finish_reason") and self._short():
-            raise Diverged  # a shorter answer: it never got to what the client has
+        if (said or choice.get("finish_reason")) and self._short():
+            # Something new, or the end, before all the client has was said again.
+            raise Diverged
         if not said and not choice.get("finish_reason") and not payload.get("usage"):
             return None
         return StreamEvent.of(payload)
@@ -104,7 +141,12 @@ class Splice:
             delta["content"] = self._match("text", self.expect.text, delta["content"])
         for name in REASONING_FIELDS:
             if name in delta:
-                delta[name] = self._match("reasoning", self.expect.reasoning, delta[name])
+                if self._quiet:
+                    del delta[name]
+                else:
+                    delta[name] = self._match("reasoning", self.expect.reasoning, delta[name])
+        if self._quiet:
+            delta.pop("thinking_blocks", None)  # the signature of reasoning left out
         if "tool_calls" in delta:
             calls = self._calls(delta["tool_calls"])
             if calls:

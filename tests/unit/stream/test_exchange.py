@@ -166,3 +166,20 @@ async def test_a_connection_broken_mid_pump_is_a_cut_stream(
     stream.close()
     assert raised.value.kind is failures.STREAM_CUT
     assert stream.state.content == "Hi there"
+
+
+async def test_an_answer_that_ends_inside_its_last_event_hands_that_event_on_then_is_cut(
+    serve: Callable[[Handler], Awaitable[str]], upstreams: Callable[..., Awaitable[Upstream]]
+) -> None:
+    # The body ends after a data line whose blank line never came: the state has read it,
+    # so the client must get it too (a continuation goes on from what the state says).
+    feed = Feed()
+    stream = await opened(serve, upstreams, feed, ManualClock())
+    await feed.send(chunked(event(" there").rstrip(b"\n")), b"0\r\n\r\n")
+    events = await asyncio.wait_for(stream.next_events(), 2.0)
+    assert b'" there"' in raw(events)
+    with pytest.raises(Failure) as raised:
+        await asyncio.wait_for(stream.next_events(), 2.0)
+    stream.close()
+    assert raised.value.kind is failures.STREAM_CUT
+    assert stream.state.content == "Hi there"

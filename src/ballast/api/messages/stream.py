@@ -30,11 +30,15 @@ from ballast.api.messages.errors import relay_event
 from ballast.pipeline.errors import ApiError
 from ballast.stream.event import NOT_JSON, StreamEvent
 
+# What ends a native stream the upstream finished (its `message_delta` sent) but left
+# without its `message_stop`: the exchange marks that end with a `[DONE]` of its own.
+_MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+
 
 class NativeStream:
-    """A native Messages stream passes as the upstream sent it (a `[DONE]` the exchange
-    added to a stream that finished without `message_stop` left out); only the relay's error
-    for a stream broken past healing becomes Anthropic's `error` event."""
+    """A native Messages stream passes as the upstream sent it (one that finished without
+    `message_stop` gets it); only the relay's error for a stream broken past healing becomes
+    Anthropic's `error` event: one cut before its `message_delta` never ends cleanly."""
 
     __slots__ = ("ended",)
 
@@ -44,7 +48,7 @@ class NativeStream:
     def feed(self, events: list[StreamEvent]) -> bytes:
         if self.ended:
             return b""
-        return b"".join([e.raw for e in events if not e.done])
+        return b"".join([_MESSAGE_STOP if e.done else e.raw for e in events])
 
     def finish(self) -> bytes:
         return b""

@@ -7,7 +7,7 @@ from the deployments that may answer it (`responses: native|bridge` on each):
   the client's body goes to their `/responses` and their answer comes back as it is. Routing,
   failover before the first byte, the stream clocks, keys and spend work as for any request;
   a native stream that breaks after its first byte is not continued (its events cannot be
-  spliced): the client gets an `error` event.
+  spliced): the client gets an `error` event and `response.failed`.
 
 The pipeline, the attempt loop and the relay never know which way a request went."""
 
@@ -53,24 +53,41 @@ def _typed_error(code: str | None, message: str, sequence: int) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
 
 
-class NativeStream:
-    """A native stream passes as the upstream sent it; only the relay's error for a stream
-    broken past healing becomes a Responses `error` event, numbered after the last one
-    relayed (read off the events' parsed data, which the stream's state already parsed)."""
+_LIFECYCLE = frozenset(("response.created", "response.in_progress"))
 
-    __slots__ = ("_last",)
+
+class NativeStream:
+    """A native stream passes as the upstream sent it. The relay's error for a stream broken
+    past healing (a native stream is never continued) ends it as a Responses stream that
+    failed does: an `error` event, then `response.failed` carrying the upstream's own
+    response (its id, so a client's snapshot of it holds) with the items it finished,
+    numbered after the last event relayed; never a `response.completed`. All read off the
+    events' parsed data, which the stream's state already parsed."""
+
+    __slots__ = ("_items", "_last", "_response")
 
     def __init__(self) -> None:
         self._last = -1
+        self._response: dict[str, Any] | None = None  # as response.created/in_progress gave it
+        self._items: dict[int, Any] = {}  # the output items done so far, by output index
 
     def feed(self, events: list[StreamEvent]) -> bytes:
-        for event in reversed(events):
+        for event in events:
             payload = event.json
-            if type(payload) is dict:
-                number = payload.get("sequence_number")
-                if type(number) is int:
-                    self._last = number
-                    break
+            if type(payload) is not dict:
+                continue
+            number = payload.get("sequence_number")
+            if type(number) is int:
+                self._last = number
+            kind = payload.get("type")
+            if kind == "response.output_item.done":
+                index = payload.get("output_index")
+                if type(index) is int:
+                    self._items[index] = payload.get("item")
+            elif kind in _LIFECYCLE:
+                response = payload.get("response")
+                if type(response) is dict:
+                    self._response = response
         return raw(events)
 
     def finish(self) -> bytes:
@@ -78,7 +95,18 @@ class NativeStream:
 
     def fail(self, error: ApiError) -> bytes:
         message = error.message or "the upstream stream failed"
-        return _typed_error(error.code, message, self._last + 1)
+        number = self._last + 1
+        out = _typed_error(error.code, message, number)
+        if self._response is None:
+            return out
+        failed = {
+            **self._response,
+            "status": "failed",
+            "error": {"code": "server_error", "message": message},
+            "output": [self._items[i] for i in sorted(self._items)],
+        }
+        event = {"type": "response.failed", "sequence_number": number + 1, "response": failed}
+        return out + b"event: response.failed\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 class ResponsesShape(Shape):

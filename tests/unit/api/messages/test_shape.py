@@ -14,7 +14,7 @@ from ballast.api.messages.shape import MessagesShape
 from ballast.api.messages.stream import MessagesStream, NativeStream
 from ballast.config import Deployment, parse_settings
 from ballast.pipeline.errors import ApiError
-from ballast.stream.event import StreamEvent, events_of
+from ballast.stream.event import DONE_EVENT, StreamEvent, events_of
 
 BODY = orjson.dumps(
     {
@@ -123,3 +123,14 @@ def test_a_bridged_request_keeps_what_its_deployments_carry_and_names_what_one_c
     plain = shape.parse("/messages", orjson.dumps({**orjson.loads(BODY), "thinking": None}))
     shape.bind(plain, group)  # nothing of either asked: the plain form, nothing lost
     assert not plain.extended and plain.dropped == ()
+
+
+def test_a_native_stream_that_finished_without_its_message_stop_gets_it() -> None:
+    # The upstream said its message_delta (the answer is whole) and closed: the exchange
+    # marks that end with a [DONE] of its own, which a Messages client gets as message_stop.
+    delta = (
+        b'event: message_delta\ndata: {"type":"message_delta",'
+        b'"delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}\n\n'
+    )
+    out = NativeStream().feed([*events_of(delta), DONE_EVENT])
+    assert out == delta + b'event: message_stop\ndata: {"type":"message_stop"}\n\n'

@@ -109,3 +109,39 @@ def test_the_relays_error_becomes_a_numbered_responses_error_event() -> None:
         "param": None,
         "sequence_number": 8,
     }
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    name = str(payload["type"]).encode()
+    return b"event: " + name + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+def test_a_response_that_started_ends_failed_with_its_own_id_and_finished_items() -> None:
+    native = NativeStream()
+    response = {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}
+    item = {"id": "rs_1", "type": "reasoning", "summary": []}
+    relayed = [
+        {"type": "response.created", "sequence_number": 0, "response": response},
+        {
+            "type": "response.output_item.done",
+            "sequence_number": 1,
+            "output_index": 0,
+            "item": item,
+        },
+        {"type": "response.output_text.delta", "sequence_number": 2, "delta": "x"},
+    ]
+    native.feed(events_of(b"".join(sse(p) for p in relayed)))
+    ended = native.fail(ApiError(502, "cut", "api_error", "upstream_stream_cut"))
+    error, failed = events_of(ended)
+    assert error.name == b"error" and error.json["sequence_number"] == 3
+    assert failed.name == b"response.failed"
+    assert failed.json == {
+        "type": "response.failed",
+        "sequence_number": 4,
+        "response": {
+            **response,
+            "status": "failed",
+            "error": {"code": "server_error", "message": "cut"},
+            "output": [item],
+        },
+    }
