@@ -24,6 +24,7 @@ from ballast.resilience.failures import (
     Kind,
     classify_status,
 )
+from ballast.stream.usage import Usage, chat_usage
 from ballast.upstream.eventstream import Frame
 
 Ids = tuple[str, int, str]
@@ -88,7 +89,7 @@ class ConverseStream:
         self._trim = trim
         self._tools: dict[int, int] = {}  # content block index -> tool call index
         self._finished = False
-        self._usage: dict[str, int] | None = None
+        self._usage: dict[str, Any] | None = None
 
     def feed(self, frame: Frame) -> list[dict[str, Any]]:
         kind = frame.header(":message-type") or "event"
@@ -157,11 +158,17 @@ class ConverseStream:
         return []
 
 
-def _usage(data: dict[str, Any]) -> dict[str, int] | None:
+def _usage(data: dict[str, Any]) -> dict[str, Any] | None:
+    """Bedrock's usage as chat's: like Anthropic's, `inputTokens` counts neither the tokens
+    read from the prompt cache (`cacheReadInputTokens`) nor those written to it
+    (`cacheWriteInputTokens`), which are prompt tokens all the same."""
     usage = data.get("usage")
     if not isinstance(usage, dict) or "inputTokens" not in usage:
         return None
-    return cs.usage(cs.count(usage["inputTokens"]), cs.count(usage.get("outputTokens")))
+    cached = cs.count(usage.get("cacheReadInputTokens"))
+    written = cs.count(usage.get("cacheWriteInputTokens"))
+    prompt = cs.count(usage["inputTokens"]) + cached + written
+    return chat_usage(Usage(prompt, cs.count(usage.get("outputTokens")), cached, written))
 
 
 def error_kind(status: int, error_type: str | None, message: str) -> Kind:

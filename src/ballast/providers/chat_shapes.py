@@ -42,7 +42,7 @@ def chunk(
     }
 
 
-def usage_chunk(ids: tuple[str, int, str], counts: dict[str, int]) -> dict[str, Any]:
+def usage_chunk(ids: tuple[str, int, str], counts: dict[str, Any]) -> dict[str, Any]:
     """The closing chunk a stream with `include_usage` ends with: no choices, the usage."""
     ident, created, model = ids
     return {
@@ -60,7 +60,7 @@ def answer(
     text: str | None,
     tool_calls: list[dict[str, Any]],
     finish_reason: str,
-    usage: dict[str, int] | None,
+    usage: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """A whole `chat.completion` with one choice."""
     ident, created, model = ids
@@ -77,14 +77,6 @@ def answer(
     if usage is not None:
         body["usage"] = usage
     return body
-
-
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
 
 
 def tool_call(ident: str, name: str, arguments: Any) -> dict[str, Any]:

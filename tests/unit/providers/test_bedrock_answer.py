@@ -120,3 +120,29 @@ def test_bedrock_errors_map_to_the_taxonomy(
     )
     assert by_body.kind is kind
     assert orjson.loads(failure.body or b"")["error"]["message"] == message
+
+
+def test_the_caches_reads_and_writes_are_prompt_tokens() -> None:
+    """Like Anthropic, Bedrock counts the cache's reads and writes apart from `inputTokens`."""
+    usage = {
+        "inputTokens": 10,
+        "outputTokens": 4,
+        "cacheReadInputTokens": 30,
+        "cacheWriteInputTokens": 20,
+        "totalTokens": 64,
+    }
+    data = {
+        "output": {"message": {"role": "assistant", "content": [{"text": "x"}]}},
+        "stopReason": "end_turn",
+        "usage": usage,
+    }
+    assert whole(data, IDS)["usage"] == {
+        "prompt_tokens": 60,
+        "completion_tokens": 4,
+        "total_tokens": 64,
+        "prompt_tokens_details": {
+            "cached_tokens": 30,
+            "cache_write_tokens": 20,
+            "cache_write_1h_tokens": 0,
+        },
+    }
