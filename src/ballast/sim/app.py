@@ -19,6 +19,7 @@ from aiohttp import web
 from ballast.sim.admin import add_admin_routes, invalid_request, json_response
 from ballast.sim.answer import (
     Answer,
+    billed,
     chat_answer,
     completion_answer,
     count_words,
@@ -46,7 +47,8 @@ from ballast.sim.gemini import add_gemini_routes
 from ballast.sim.jobs import add_job_routes
 from ballast.sim.responses import BadInput, max_output_tokens, messages_of, response_body
 from ballast.sim.responses import stream_events as response_events
-from ballast.sim.state import SIM_STATE, SimState, mask_secret
+from ballast.sim.responses import usage_of as response_usage
+from ballast.sim.state import SIM_STATE, SimState, seen_headers
 
 BEHAVIOUR_HEADER = "x-sim-behaviour"
 ERROR_OUTCOMES = frozenset({"429", "500", "503", "context_length", "content_filter", "409", "401"})
@@ -63,21 +65,6 @@ HTML_PAGE = (
     b"<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway"
     b"</h1></center><hr><center>nginx</center></body></html>\n"
 )
-
-
-def _selected_headers(request: web.Request) -> dict[str, str]:
-    selected: dict[str, str] = {}
-    auth = request.headers.get("authorization")
-    if auth is not None:
-        selected["authorization"] = mask_secret(auth)
-    api_key = request.headers.get("api-key")  # Azure's credential header
-    if api_key is not None:
-        selected["api-key"] = mask_secret(api_key)
-    for name in ("x-request-id", "traceparent", "tracestate"):
-        value = request.headers.get(name)
-        if value is not None:
-            selected[name] = value
-    return selected
 
 
 class _BadRequest(Exception):
@@ -144,7 +131,7 @@ async def _endpoint(
     request: web.Request, kind: str, default_model: str | None = None
 ) -> web.StreamResponse:
     state = request.app[SIM_STATE]
-    headers = _selected_headers(request)
+    headers = seen_headers(request, ("authorization", "api-key"), ("traceparent", "tracestate"))
     spec = request.headers.get(BEHAVIOUR_HEADER)
     model: str | None = None
     answer: Answer | None = None
@@ -159,7 +146,7 @@ async def _endpoint(
             ) from None
         behaviour = rule.behaviour
         if kind != "embeddings":
-            answer = _answer_for(kind, body, behaviour.tokens)
+            answer = billed(_answer_for(kind, body, behaviour.tokens), behaviour)
         texts = _embedding_texts(body) if kind == "embeddings" else []
     except _BadRequest as exc:
         state.record(
@@ -218,6 +205,7 @@ async def _endpoint(
         encoding = "base64" if body.get("encoding_format") == "base64" else "float"
         return await _plain(request, entry, outcome, embeddings_body(ids, texts, encoding), 0)
     assert answer is not None
+    entry["usage"] = response_usage(answer) if kind == "responses" else answer.usage()
     if kind == "responses":
         if not stream:
             full = response_body(ids, body, answer, shape)

@@ -103,6 +103,9 @@ class BedrockWire:
         events.append(event("metadata", metadata))
         return events
 
+    def usage(self, answer: Answer) -> dict[str, Any]:
+        return _usage(answer, answer.completion_tokens)
+
     def opening(self, behaviour: Behaviour) -> int:
         return 2 if behaviour.shape == "tool" and behaviour.name != "content_filter" else 1
 
@@ -132,8 +135,19 @@ def _stop(answer: Answer, behaviour: Behaviour) -> str:
 
 
 def _usage(answer: Answer, emitted: int) -> dict[str, int]:
+    """Bedrock's usage: like Anthropic's, `inputTokens` leaves out what the prompt cache read
+    and wrote (one figure for writes, however long kept); reasoning is in `outputTokens`."""
     prompt = answer.prompt_tokens
-    return {"inputTokens": prompt, "outputTokens": emitted, "totalTokens": prompt + emitted}
+    output = emitted + answer.thinking
+    usage = {
+        "inputTokens": prompt - answer.cached - answer.writes,
+        "outputTokens": output,
+        "totalTokens": prompt + output,
+    }
+    if answer.cached or answer.writes:
+        usage["cacheReadInputTokens"] = answer.cached
+        usage["cacheWriteInputTokens"] = answer.writes
+    return usage
 
 
 def _tool_id(ids: Ids) -> str:
