@@ -27,6 +27,11 @@ from ballast.stream.usage import Usage, read
         ("mistral-large-latest", "mistral-large"),
         ("gpt-4o", "gpt-4o"),
         ("model-2024", "model-2024"),
+        ("gpt-4.1-mini", "gpt-4.1-mini"),
+        ("anthropic.claude-3-5-haiku-20241022-v1:0", "claude-3-5-haiku"),
+        ("us.anthropic.claude-sonnet-4-20250514-v1:0", "claude-sonnet-4"),
+        ("claude-3-5-haiku@20241022", "claude-3-5-haiku"),
+        ("my-model-v2", "my-model-v2"),
     ],
 )
 def test_a_date_suffix_is_stripped(name: str, base: str) -> None:
@@ -118,3 +123,19 @@ def test_prompt_tokens_served_from_the_cache_cost_the_cached_input_price(
         Usage(100, 0, 100)
     )
     assert read({"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": True}}).cached == 0
+
+
+def test_claude_bills_cache_writes_wherever_it_runs() -> None:
+    """Anthropic's models bill writes to their cache (1.25 times the input price for 5
+    minutes, twice it for an hour) on Anthropic's API, Bedrock and Vertex AI alike."""
+    book = PriceBook({})
+    for name in (
+        "claude-sonnet-4-5-20250929",
+        "global.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        "claude-sonnet-4-5@20250929",
+    ):
+        price = book.get(name)
+        assert price is not None and price.input == 3.0, name
+        assert (price.cache_write, price.cache_write_1h) == (3.75, 6.0)
+    gpt = book.get("gpt-4o")
+    assert gpt is not None and gpt.cache_write is None and gpt.cache_write_1h is None
