@@ -18,6 +18,16 @@ from ballast.api.fleet import Fleet
 from ballast.api.reload import Gateway, Reloader, record_action
 from ballast.config import masked
 from ballast.observe.metrics import CONTENT_TYPE
+from ballast.observe.request_stats import (
+    CACHED,
+    COST,
+    INPUT,
+    OUTPUT,
+    REASONING,
+    REQUESTS,
+    WRITTEN,
+    WRITTEN_1H,
+)
 from ballast.pipeline.asgi import (
     JSON,
     Receive,
@@ -35,6 +45,16 @@ log = logging.getLogger("ballast.admin")
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 NOT_CONFIGURED = {"status": "not configured"}
+# The dashboard's usage fields and the usage row's column each is read from.
+_USAGE_FIELDS = (
+    ("requests", REQUESTS),
+    ("input_tokens", INPUT),
+    ("output_tokens", OUTPUT),
+    ("cached_tokens", CACHED),
+    ("cache_write_tokens", WRITTEN),
+    ("cache_write_1h_tokens", WRITTEN_1H),
+    ("reasoning_tokens", REASONING),
+)
 
 
 def process_stats() -> dict[str, Any]:
@@ -263,21 +283,23 @@ class Admin:
         by_model: dict[str, list[float]] = {}
         for (model, _dep, _provider, _shape, key_id), row in stats.usage.items():
             for table, name in ((by_key, key_id), (by_model, model)):
-                total = table.setdefault(name, [0, 0, 0, 0, 0.0])
+                total = table.setdefault(name, [0] * len(row))
                 for i, amount in enumerate(row):
                     total[i] += amount
 
         def rows(table: dict[str, list[float]], label: str) -> list[dict[str, Any]]:
             out = []
-            for name, (requests, inp, output, cached, cost) in sorted(table.items()):
-                line = {label: name, "requests": int(requests), "input_tokens": int(inp)}
-                line.update(output_tokens=int(output), cached_tokens=int(cached), cost=cost)
+            for name, row in sorted(table.items()):
+                line: dict[str, Any] = {label: name}
+                for field, column in _USAGE_FIELDS:
+                    line[field] = int(row[column])
+                line["cost"] = row[COST]
                 if label == "key_id":
                     line["budget_left"] = stats.budget.get(name)
                 out.append(line)
             return out
 
-        total_cost = sum(row[4] for row in by_model.values())
+        total_cost = sum(row[COST] for row in by_model.values())
         return {
             "by_key": rows(by_key, "key_id"),
             "by_model": rows(by_model, "model"),

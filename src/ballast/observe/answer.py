@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ballast.state.spend import cache_writes, cached_tokens, cost_of
+from ballast.state.spend import cost_of
+from ballast.stream.usage import NO_USAGE, Usage
 
-# (answered model, deployment, prompt, completion, cached prompt tokens, prompt tokens
-# written to the cache for 5 minutes and for an hour) -> dollars
-CostOf = Callable[[str, str | None, int, int, int, tuple[int, int]], float]
+# (answered model, deployment, the answer's usage) -> dollars
+CostOf = Callable[[str, str | None, Usage], float]
 
 # Where upstreams put their own id of a request (OpenAI, Anthropic, AWS, Azure).
 _UPSTREAM_ID_HEADERS = (b"x-request-id", b"request-id", b"x-amzn-requestid", b"apim-request-id")
@@ -20,16 +20,7 @@ _MAX_ID = 200
 class Answer:
     """Who asked and what it cost (a plain slotted class: built for every request)."""
 
-    __slots__ = (
-        "cached_tokens",
-        "cost",
-        "input_tokens",
-        "key_id",
-        "output_tokens",
-        "provider",
-        "reported",
-        "shape",
-    )
+    __slots__ = ("cost", "key_id", "provider", "reported", "shape", "usage")
 
     def __init__(
         self,
@@ -37,18 +28,14 @@ class Answer:
         provider: str,
         shape: str,
         reported: bool,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        cached_tokens: int = 0,
+        usage: Usage = NO_USAGE,
         cost: float = 0.0,
     ) -> None:
         self.key_id = key_id
         self.provider = provider
         self.shape = shape
         self.reported = reported  # the upstream reported usage
-        self.input_tokens = input_tokens
-        self.output_tokens = output_tokens
-        self.cached_tokens = cached_tokens
+        self.usage = usage
         self.cost = cost
 
     @classmethod
@@ -60,20 +47,17 @@ class Answer:
         target = router.targets.get(deployment) if router is not None else None
         provider = target.deployment.provider if target is not None else "none"
         shape = getattr(request, "shape", "openai")
-        tokens = request.tokens
-        if tokens is None:
+        usage = request.tokens
+        if usage is None:
             return cls(key_id, provider, shape, False)
-        prompt, completion = tokens
         model = request.answered_model or request.model
-        cached = cached_tokens(request.usage)
-        writes = cache_writes(request.usage)
         if cost_of_answer is not None:  # the gateway's own pricing, the same as spend's
-            cost = cost_of_answer(model, deployment, prompt, completion, cached, writes)
+            cost = cost_of_answer(model, deployment, usage)
         elif router is not None:
-            cost = cost_of(router.settings.prices, model, prompt, completion, cached, writes)
+            cost = cost_of(router.settings.prices, model, usage)
         else:
             cost = 0.0
-        return cls(key_id, provider, shape, True, prompt, completion, cached, cost)
+        return cls(key_id, provider, shape, True, usage, cost)
 
 
 def upstream_request_id(headers: Any) -> str | None:
@@ -111,9 +95,14 @@ def answer_fields(
     if answer is not None:
         fields["provider"] = answer.provider
         if answer.reported:
-            fields["input_tokens"] = answer.input_tokens
-            fields["output_tokens"] = answer.output_tokens
-            fields["cached_tokens"] = answer.cached_tokens
+            usage = answer.usage
+            fields["input_tokens"] = usage.prompt
+            fields["output_tokens"] = usage.completion
+            # Parts of those two, as the provider billed them.
+            fields["cached_tokens"] = usage.cached
+            fields["cache_write_tokens"] = usage.written
+            fields["cache_write_1h_tokens"] = usage.written_1h
+            fields["reasoning_tokens"] = usage.reasoning
             fields["cost"] = answer.cost
             if getattr(request, "usage_estimated", False):
                 fields["usage_estimated"] = True  # a stream cut short: Ballast's estimate

@@ -21,9 +21,12 @@ from ballast.observe.request_stats import (
     INPUT,
     LATENCY_BUCKETS,
     OUTPUT,
+    REASONING,
     REQUESTS,
     TOKEN_BUCKETS,
     TTFT_BUCKETS,
+    WRITTEN,
+    WRITTEN_1H,
     RequestStats,
 )
 
@@ -105,13 +108,25 @@ def _genai_timings(stats: RequestStats) -> Iterator[Metric]:
     yield from (duration, ttft)
 
 
+# The `type` label of ballast_tokens and the usage row's column it counts.
+_TOKEN_TYPES = (
+    ("input", INPUT),
+    ("output", OUTPUT),
+    ("cached", CACHED),
+    ("cache_write", WRITTEN),
+    ("cache_write_1h", WRITTEN_1H),
+    ("reasoning", REASONING),
+)
+
+
 def _usage_families(stats: RequestStats) -> Iterator[Metric]:
     """Tokens, dollars, cache results and budgets: what on-call and finance both read."""
     usage_labels = ["model", "deployment", "provider", "shape", "key_id"]
     tokens = CounterMetricFamily(
         "ballast_tokens",
-        "Tokens by type (input, output, cached: input tokens the upstream served from its"
-        " prompt cache).",
+        "Tokens by type: input and output, and parts of them as the provider billed them"
+        " (cached: input read from the prompt cache; cache_write: input written to it;"
+        " cache_write_1h: of those, kept for an hour; reasoning: output spent reasoning).",
         labels=[*usage_labels, "type"],
     )
     cost = CounterMetricFamily(
@@ -124,9 +139,8 @@ def _usage_families(stats: RequestStats) -> Iterator[Metric]:
     )
     for key, row in sorted(stats.usage.items()):
         labels = list(key)
-        tokens.add_metric([*labels, "input"], float(row[INPUT]))
-        tokens.add_metric([*labels, "output"], float(row[OUTPUT]))
-        tokens.add_metric([*labels, "cached"], float(row[CACHED]))
+        for kind, column in _TOKEN_TYPES:
+            tokens.add_metric([*labels, kind], float(row[column]))
         cost.add_metric(labels, float(row[COST]))
         answered.add_metric(labels, float(row[REQUESTS]))
     usage = HistogramMetricFamily(

@@ -237,8 +237,8 @@ class Observer:
                     "status": status,
                     "error_code": code,
                     "latency_ms": round(latency * 1000, 2),
-                    "input_tokens": answer.input_tokens if reported else None,
-                    "output_tokens": answer.output_tokens if reported else None,
+                    "input_tokens": answer.usage.prompt if reported else None,
+                    "output_tokens": answer.usage.completion if reported else None,
                     "cost": answer.cost if reported else None,
                 }
             )
@@ -258,9 +258,7 @@ class Observer:
             stats.record_usage(
                 (model, deployment, answer.provider, answer.shape, key_label),
                 _OPERATIONS.get(path, "chat"),
-                answer.input_tokens,
-                answer.output_tokens,
-                answer.cached_tokens,
+                answer.usage,
                 answer.cost,
             )
         ticket = request.ticket

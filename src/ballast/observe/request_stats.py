@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
+from ballast.stream.usage import Usage
 
 log = logging.getLogger("ballast.metrics")
 
@@ -51,7 +52,10 @@ class _Timing:
 UsageKey = tuple[str, str, str, str, str]
 # (operation, provider, model, deployment, shape, token type): a token histogram's series.
 TokenKey = tuple[str, str, str, str, str, str]
-REQUESTS, INPUT, OUTPUT, CACHED, COST = range(5)
+# A usage row: requests, then the tokens of `Usage` (input, output, and their parts: read
+# from the prompt cache, written to it, of those for an hour, reasoning), then dollars.
+REQUESTS, INPUT, OUTPUT, CACHED, WRITTEN, WRITTEN_1H, REASONING, COST = range(8)
+_ROW = (0, 0, 0, 0, 0, 0, 0, 0.0)
 
 
 class RequestStats:
@@ -62,7 +66,7 @@ class RequestStats:
         self.timings: dict[tuple[str, str], _Timing] = {}
         self.attempts: dict[str, int] = {}
         self.shapes: dict[tuple[str, str], int] = {}  # (inbound API shape, outcome)
-        # [requests, input tokens, output tokens, cached input tokens, dollars]
+        # [requests, the tokens of each type, dollars]: see REQUESTS ... COST
         self.usage: dict[UsageKey, list[float]] = {}
         # bucket counts (the last is +Inf), then the sum
         self.tokens: dict[TokenKey, list[int]] = {}
@@ -75,20 +79,22 @@ class RequestStats:
         self,
         key: UsageKey,
         operation: str,
-        input_tokens: int,
-        output_tokens: int,
-        cached_tokens: int,
+        usage: Usage,
         cost: float,
     ) -> None:
         """An answered request's tokens and dollars (after `record`, off the hot path's
         critical part: a few dict operations)."""
         row = self.usage.get(key)
         if row is None:
-            row = self.usage[key] = [0, 0, 0, 0, 0.0]
+            row = self.usage[key] = list(_ROW)
+        input_tokens, output_tokens, cached, written, written_1h, reasoning = usage
         row[REQUESTS] += 1
         row[INPUT] += input_tokens
         row[OUTPUT] += output_tokens
-        row[CACHED] += cached_tokens
+        row[CACHED] += cached
+        row[WRITTEN] += written
+        row[WRITTEN_1H] += written_1h
+        row[REASONING] += reasoning
         row[COST] += cost
         histograms = self._histograms.get((operation, key))
         if histograms is None:
@@ -171,7 +177,7 @@ class RequestStats:
         for usage_key, theirs in other.usage.items():
             row = self.usage.get(usage_key)
             if row is None:
-                row = self.usage[usage_key] = [0, 0, 0, 0, 0.0]
+                row = self.usage[usage_key] = list(_ROW)
             for i, amount in enumerate(theirs):
                 row[i] += amount
         for series, their_counts in other.tokens.items():
@@ -225,17 +231,8 @@ class RequestStats:
             stats.attempts = {str(k): int(v) for k, v in raw["attempts"].items()}
             for shape, outcome, n in raw.get("shapes", ()):  # absent in older snapshots
                 stats.shapes[(str(shape), str(outcome))] = int(n)
-            for model, dep, provider, shape, key_id, requests, inp, out, cached, cost in raw[
-                "usage"
-            ]:
-                usage_key = (str(model), str(dep), str(provider), str(shape), str(key_id))
-                stats.usage[usage_key] = [
-                    int(requests),
-                    int(inp),
-                    int(out),
-                    int(cached),
-                    float(cost),
-                ]
+            for row in raw["usage"]:
+                stats.usage[_usage_key(row[:5])] = _usage_row(row[5:])
             for row in raw["tokens"]:
                 operation, provider, model, dep, shape, kind = (str(n) for n in row[:6])
                 counts = [int(n) for n in row[6:]]
@@ -248,6 +245,21 @@ class RequestStats:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a request stats snapshot: {exc}") from None
         return stats
+
+
+def _usage_key(names: list[Any]) -> UsageKey:
+    model, dep, provider, shape, key_id = (str(n) for n in names)
+    return model, dep, provider, shape, key_id
+
+
+def _usage_row(values: list[Any]) -> list[float]:
+    """A snapshot's usage row; one of a Ballast before the cache's writes and reasoning were
+    counted has five values (requests, input, output, cached, dollars)."""
+    if len(values) == 5:
+        values = [*values[:4], 0, 0, 0, values[4]]
+    if len(values) != len(_ROW):
+        raise ValueError("usage columns differ")
+    return [*(int(n) for n in values[:COST]), float(values[COST])]
 
 
 class Snapshots:

@@ -21,8 +21,9 @@ from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.state.budgets import Budgets, Hold
 from ballast.state.keys import KeyRecord, KeyService, KeysUnavailable
 from ballast.state.ratelimit import Lease, Limits, RateLimited, RateLimiter, reset_header
-from ballast.state.spend import SpendRecorder, cache_writes, cached_tokens, period_of
+from ballast.state.spend import SpendRecorder, period_of
 from ballast.state.teams import Team, TeamService
+from ballast.stream.usage import Usage, read
 
 log = logging.getLogger("ballast.access")
 
@@ -46,33 +47,6 @@ def bearer(scope: Scope, authorization: bytes | None = None) -> str | None:
     if text[:7].lower() != "bearer ":
         return None
     return text[7:].strip() or None
-
-
-MAX_TOKEN_COUNT = 2**31 - 1  # the spend table's INTEGER columns (PostgreSQL's int4)
-
-
-def token_counts(usage: Any) -> tuple[int, int]:
-    """(prompt, completion) tokens from the usage an upstream reported. Anything that is not
-    a sane count is 0, and counts are capped at what the spend table stores: an upstream's
-    garbage must not fail an answered request, nor a spend batch (and its replays) for good."""
-    if not isinstance(usage, dict):
-        return 0, 0
-    if "input_tokens" in usage:  # a Responses or Messages answer relayed as it came
-        prompt = _count(usage.get("input_tokens"))
-        if "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:
-            # Anthropic counts the cache's reads and writes apart from `input_tokens`.
-            prompt += _count(usage.get("cache_read_input_tokens"))
-            prompt += _count(usage.get("cache_creation_input_tokens"))
-        return min(prompt, MAX_TOKEN_COUNT), _count(usage.get("output_tokens"))
-    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-
-
-def _count(value: Any) -> int:
-    if type(value) is int:  # not a bool
-        return min(value, MAX_TOKEN_COUNT) if value > 0 else 0
-    if type(value) is float and value > 0 and math.isfinite(value):
-        return int(min(value, MAX_TOKEN_COUNT))
-    return 0
 
 
 def estimate_prompt_tokens(request: RequestContext) -> int:
@@ -372,15 +346,17 @@ class Access:
         deployment: str | None,
         cached: bool = False,
         estimated: bool = False,
+        counts: Usage | None = None,
     ) -> None:
         """After the answer: reconcile the token estimate and record spend (off the path).
         `estimated`: the usage is Ballast's estimate of a stream cut short, marked so in
-        spend."""
+        spend; `counts`: that usage already read."""
         if ticket is None:
             return
-        prompt, completion = token_counts(usage)
+        if counts is None:
+            counts = read(usage)
         # A cached answer used no upstream tokens: it does not count against TPM.
-        tokens = 0 if cached else prompt + completion if usage else None
+        tokens = 0 if cached else counts[0] + counts[1] if usage else None
         if ticket.lease is not None:
             self.limiter.release_soon(ticket.lease, tokens)
         if ticket.team_lease is not None:
@@ -389,16 +365,11 @@ class Access:
             self._give_back(ticket.holds, None)
             return
         now = self.clock.time()
-        cost = (
-            0.0
-            if cached
-            else self.pricing.cost(
-                model, deployment, prompt, completion, cached_tokens(usage), cache_writes(usage)
-            )
-        )
+        cost = 0.0 if cached else self.pricing.cost(model, deployment, counts)
         if self.budgets is not None:
             for hold in ticket.holds:
                 self.budgets.settle(hold, cost)
+        prompt, completion, from_cache, written, long, reasoning = counts
         self.spend.record(
             (  # a SpendEvent's values: see `SpendRow`
                 f"{self._event_prefix}{next(self._event_ids):012x}",
@@ -412,6 +383,10 @@ class Access:
                 cached,
                 now,
                 estimated,
+                from_cache,
+                written,
+                long,
+                reasoning,
             )
         )
 

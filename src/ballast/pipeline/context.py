@@ -11,6 +11,7 @@ from ballast.config import ModelGroup
 from ballast.state.budgets import Hold
 from ballast.state.keys import KeyRecord
 from ballast.state.ratelimit import Lease
+from ballast.stream.usage import Usage
 
 if TYPE_CHECKING:
     from ballast.cache.service import Lookup
@@ -74,7 +75,7 @@ class RequestContext:
     settled: bool = False  # usage and spend recorded (or the request ended without them)
     # What answered, for the request log and metrics (set at settle).
     usage: Any = None  # the usage the upstream reported
-    tokens: tuple[int, int] | None = None  # (prompt, completion) from that usage
+    tokens: Usage | None = None  # that usage, read (prompt and completion first)
     usage_estimated: bool = False  # Ballast's estimate (a stream cut short), not reported
     answered_model: str | None = None  # the model name in the answer
     finish_reason: str | None = None  # the answer's first choice's

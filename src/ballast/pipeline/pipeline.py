@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ballast.config import Settings, secret_values
-from ballast.pipeline.access import token_counts
 from ballast.pipeline.context import RequestContext
 from ballast.pipeline.respond import HeaderAllowlist
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock
 from ballast.routing.router import Router
+from ballast.stream.usage import read
 
 if TYPE_CHECKING:
     from ballast.cache.service import ResponseCache
@@ -55,9 +55,10 @@ class Pipeline:
         ctx.usage = usage
         ctx.usage_estimated = estimated
         ctx.answered_model = model or None
-        if isinstance(usage, dict):
-            ctx.tokens = token_counts(usage)
+        counts = ctx.tokens = read(usage) if isinstance(usage, dict) else None
         if self.access is not None and ctx.ticket is not None:
             if deployment is None and ctx.attempts is not None:
                 deployment = ctx.attempts.deployment  # the one that answered
-            self.access.settle(ctx.ticket, model, usage, deployment, estimated=estimated)
+            self.access.settle(
+                ctx.ticket, model, usage, deployment, estimated=estimated, counts=counts
+            )

@@ -13,6 +13,7 @@ from ballast.config import ModelGroup, Settings
 from ballast.pipeline.context import RequestContext
 from ballast.state.prices import PriceBook
 from ballast.state.spend import cost_of
+from ballast.stream.usage import Usage
 
 
 class Pricing:
@@ -108,22 +109,14 @@ class Pricing:
         self._group_prices[id(group)] = entry
         return entry
 
-    def cost(
-        self,
-        model: str,
-        deployment: str | None,
-        prompt: int,
-        completion: int,
-        cached: int = 0,
-        writes: tuple[int, int] = (0, 0),
-    ) -> float:
+    def cost(self, model: str, deployment: str | None, usage: Usage) -> float:
         """Dollars for an answer: priced by the deployment's configured model first, then by
-        the model the upstream reported (date suffixes stripped); `cached` prompt tokens at
-        the cached-input price, `writes` to the cache (5 minutes, 1 hour) at theirs."""
+        the model the upstream reported (date suffixes stripped); the cache's reads and
+        writes at their own prices (`cost_of`)."""
         configured = self._deployment_models.get(deployment) if deployment else None
         if configured is not None and configured in self.prices:
             model = configured
-        return cost_of(self.prices, model, prompt, completion, cached, writes)
+        return cost_of(self.prices, model, usage)
 
 
 def _choices(n: object, best_of: object) -> int:

@@ -19,6 +19,7 @@ import orjson
 from ballast.providers.chat_shapes import openai_error
 from ballast.resilience import failures
 from ballast.resilience.failures import Failure, Kind
+from ballast.stream.usage import chat_usage, read
 from ballast.upstream.provider_wire import Decoder, Wire
 from ballast.upstream.sse import DONE, MAX_EVENT_BYTES, SseSplitter, event_data
 
@@ -59,29 +60,9 @@ def _data(event: bytes) -> bytes | None:
 
 
 def usage_of(usage: dict[str, Any]) -> dict[str, Any]:
-    """Anthropic usage as OpenAI's: cache reads and writes are prompt tokens too."""
-    read = usage.get("cache_read_input_tokens") or 0
-    prompt = (
-        (usage.get("input_tokens") or 0) + read + (usage.get("cache_creation_input_tokens") or 0)
-    )
-    completion = usage.get("output_tokens") or 0
-    out: dict[str, Any] = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-    details: dict[str, int] = {}
-    if read:
-        details["cached_tokens"] = read
-    written = usage.get("cache_creation_input_tokens") or 0
-    if written:  # the cache writes Anthropic bills apart: 5 minutes or an hour
-        split = usage.get("cache_creation")
-        long = split.get("ephemeral_1h_input_tokens") or 0 if isinstance(split, dict) else 0
-        details["cache_write_tokens"] = written - long
-        details["cache_write_1h_tokens"] = long
-    if details:
-        out["prompt_tokens_details"] = details
-    return out
+    """Anthropic usage as OpenAI's: the cache's reads and writes are prompt tokens too, and
+    are named apart (writes for an hour too), as are the thinking tokens of the output."""
+    return chat_usage(read(usage))
 
 
 def _error_of(payload: Any) -> tuple[str, str]:

@@ -24,6 +24,7 @@ from ballast.resilience.failures import (
     Kind,
     classify_status,
 )
+from ballast.stream.usage import Usage, chat_usage
 from ballast.upstream.eventstream import Frame
 
 Ids = tuple[str, int, str]
@@ -158,23 +159,16 @@ class ConverseStream:
 
 
 def _usage(data: dict[str, Any]) -> dict[str, Any] | None:
-    """Converse usage as chat usage: tokens read from and written to the prompt cache
-    (`cachePoint`) are prompt tokens too, the reads `cached_tokens` and the writes
-    `cache_write_tokens` (Bedrock's cache lasts five minutes), as Anthropic's are."""
+    """Bedrock's usage as chat's: like Anthropic's, `inputTokens` counts neither the tokens
+    read from the prompt cache (`cacheReadInputTokens`) nor those written to it
+    (`cacheWriteInputTokens`), which are prompt tokens all the same."""
     usage = data.get("usage")
     if not isinstance(usage, dict) or "inputTokens" not in usage:
         return None
-    read = cs.count(usage.get("cacheReadInputTokens"))
+    cached = cs.count(usage.get("cacheReadInputTokens"))
     written = cs.count(usage.get("cacheWriteInputTokens"))
-    prompt = cs.count(usage["inputTokens"]) + read + written
-    out: dict[str, Any] = cs.usage(prompt, cs.count(usage.get("outputTokens")))
-    if read or written:
-        out["prompt_tokens_details"] = {
-            "cached_tokens": read,
-            "cache_write_tokens": written,
-            "cache_write_1h_tokens": 0,
-        }
-    return out
+    prompt = cs.count(usage["inputTokens"]) + cached + written
+    return chat_usage(Usage(prompt, cs.count(usage.get("outputTokens")), cached, written))
 
 
 def error_kind(status: int, error_type: str | None, message: str) -> Kind:

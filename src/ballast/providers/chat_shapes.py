@@ -79,14 +79,6 @@ def answer(
     return body
 
 
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-
-
 def tool_call(ident: str, name: str, arguments: Any) -> dict[str, Any]:
     text = arguments if isinstance(arguments, str) else orjson.dumps(arguments or {}).decode()
     return {"id": ident, "type": "function", "function": {"name": name, "arguments": text}}

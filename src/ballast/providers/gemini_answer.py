@@ -24,6 +24,7 @@ from ballast.resilience.failures import (
     Failure,
     Kind,
 )
+from ballast.stream.usage import Usage, chat_usage
 
 Ids = tuple[str, int, str]
 
@@ -69,7 +70,7 @@ class GeminiStream:
         self._started = False
         self._calls = 0
         self._finished = False
-        self._usage: dict[str, int] | None = None
+        self._usage: dict[str, Any] | None = None
 
     def feed(self, data: Any) -> list[dict[str, Any]]:
         candidate = _candidate(data)
@@ -142,14 +143,18 @@ def _finish(candidate: dict[str, Any], called: bool) -> str:
     return "tool_calls" if called and reason == "stop" else reason
 
 
-def _usage(data: dict[str, Any]) -> dict[str, int] | None:
+def _usage(data: dict[str, Any]) -> dict[str, Any] | None:
+    """Gemini's usage as chat's: `promptTokenCount` holds the tokens read from a cache
+    (`cachedContentTokenCount`); the thoughts (`thoughtsTokenCount`), billed as output but
+    counted apart from `candidatesTokenCount`, join the completion as its reasoning."""
     meta = data.get("usageMetadata")
     if not isinstance(meta, dict) or "promptTokenCount" not in meta:
         return None
-    completion = cs.count(meta.get("candidatesTokenCount")) + cs.count(
-        meta.get("thoughtsTokenCount")
-    )
-    return cs.usage(cs.count(meta["promptTokenCount"]), completion)
+    prompt = cs.count(meta["promptTokenCount"])
+    thoughts = cs.count(meta.get("thoughtsTokenCount"))
+    completion = cs.count(meta.get("candidatesTokenCount")) + thoughts
+    cached = min(cs.count(meta.get("cachedContentTokenCount")), prompt)
+    return chat_usage(Usage(prompt, completion, cached, reasoning=thoughts))
 
 
 def error_kind(status: int, error: dict[str, Any]) -> Kind:

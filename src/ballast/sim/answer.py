@@ -12,8 +12,10 @@ import base64
 import hashlib
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from ballast.sim.behaviour import Behaviour
 
 EMBEDDING_DIM = 8
 
@@ -80,8 +82,12 @@ class Answer:
     prompt_tokens: int
     prefill: bool
     continued: bool
-    cached_tokens: int = 0  # of the prompt, read from the prompt cache (prompt_cache.py)
-    cache_written: int = 0  # and written to it (a marked prompt cache's first sight)
+    # Parts of the prompt the provider's cache read, wrote for 5 minutes, wrote for an hour;
+    # tokens reasoned before answering (billed as output on top of the pieces).
+    cached: int = 0
+    written: int = 0
+    written_1h: int = 0
+    thinking: int = 0
 
     @property
     def text(self) -> str:
@@ -89,19 +95,42 @@ class Answer:
 
     @property
     def completion_tokens(self) -> int:
+        """The tokens the answer shows (its pieces)."""
         return len(self.pieces)
 
+    @property
+    def writes(self) -> int:
+        """Prompt tokens written to the cache, for however long."""
+        return self.written + self.written_1h
+
     def usage(self, emitted: int | None = None) -> dict[str, Any]:
-        """The OpenAI ``usage`` object; ``emitted`` overrides the completion count."""
-        completion = self.completion_tokens if emitted is None else emitted
+        """The OpenAI ``usage`` object; ``emitted`` overrides the count of tokens shown.
+        The cache's figures and the reasoning come as OpenAI reports them, when there are
+        any (OpenAI does not say how long a write is kept)."""
+        completion = (self.completion_tokens if emitted is None else emitted) + self.thinking
         usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
         }
-        if self.cached_tokens:
-            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        if self.cached or self.writes:
+            details = {"cached_tokens": self.cached, "cache_write_tokens": self.writes}
+            usage["prompt_tokens_details"] = details
+        if self.thinking:
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.thinking}
         return usage
+
+
+def billed(answer: Answer, behaviour: Behaviour) -> Answer:
+    """`answer` with what `behaviour` bills beyond what it shows: the prompt tokens its
+    cache reads and writes (each at most what is left of the prompt) and hidden reasoning."""
+    left = answer.prompt_tokens
+    cached = min(behaviour.cache_read, left)
+    written = min(behaviour.cache_write, left - cached)
+    long = min(behaviour.cache_write_1h, left - cached - written)
+    return replace(
+        answer, cached=cached, written=written, written_1h=long, thinking=behaviour.thinking
+    )
 
 
 def _cap(pieces: list[str], max_tokens: int | None) -> tuple[list[str], str]:

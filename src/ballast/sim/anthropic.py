@@ -30,17 +30,18 @@ from ballast.sim.agent import (
     thinks,
     tool_results,
 )
-from ballast.sim.answer import Answer, chat_answer
+from ballast.sim.answer import Answer, billed, chat_answer
 from ballast.sim.behaviour import Behaviour
 from ballast.sim.bodies import TOOL_NAME, format_retry_after, tool_arguments
 from ballast.sim.conn import close, pause, reset
 from ballast.sim.prompt_cache import anthropic_blocks, marks
-from ballast.sim.state import SIM_STATE, mask_secret
+from ballast.sim.state import SIM_STATE, seen_headers
 
 BEHAVIOUR_HEADER = "x-sim-behaviour"
 _ERRORS = frozenset({"429", "500", "503", "context_length", "409", "401"})
 _STOP = {"stop": "end_turn", "length": "max_tokens"}
 _ROLES = ("user", "assistant", "system")
+_CREDENTIALS = ("x-api-key", "authorization")
 _ERROR_EVENT = (
     b"event: error\ndata: "
     b'{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded (sim)"}}\n\n'
@@ -154,7 +155,7 @@ def _message(
     refused: bool,
     call: Call | None = None,
     thinking: bool = False,
-    inputs: dict[str, int] | None = None,
+    inputs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": f"msg_sim_{number}",
@@ -164,11 +165,18 @@ def _message(
         "content": [] if refused else _content(answer, shape, number, call, thinking),
         "stop_reason": _stop_reason(answer, shape, refused),
         "stop_sequence": None,
-        "usage": {
-            **(inputs or {"input_tokens": answer.prompt_tokens}),
-            "output_tokens": 0 if refused else answer.completion_tokens,
-        },
+        "usage": usage_of(answer, inputs, refused),
     }
+
+
+def usage_of(answer: Answer, inputs: dict[str, Any] | None, refused: bool) -> dict[str, Any]:
+    """The answer's usage as Anthropic reports it: `inputs` (the prompt cache's figures) and
+    every output token, thinking included and named apart."""
+    usage = {**(inputs or {"input_tokens": answer.prompt_tokens})}
+    usage["output_tokens"] = 0 if refused else answer.completion_tokens + answer.thinking
+    if answer.thinking and not refused:
+        usage["output_tokens_details"] = {"thinking_tokens": answer.thinking}
+    return usage
 
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:
@@ -196,7 +204,7 @@ def _events(
     refused: bool,
     call: Call | None = None,
     thinking: bool = False,
-    inputs: dict[str, int] | None = None,
+    inputs: dict[str, Any] | None = None,
 ) -> tuple[list[bytes], int]:
     """The stream's events and the index of its first content delta."""
     start = _message(number, model, answer, shape, refused)
@@ -222,28 +230,13 @@ def _events(
     if not refused:
         out.extend(_event("content_block_delta", {"index": index, "delta": d}) for d in deltas)
     out.append(_event("content_block_stop", {"index": index}))
-    usage = {"output_tokens": 0 if refused else answer.completion_tokens}
+    # The counts so far, as Anthropic's message_delta gives them (no `cache_creation`).
+    usage = usage_of(answer, inputs, refused)
+    usage.pop("cache_creation", None)
     delta = {"stop_reason": _stop_reason(answer, shape, refused), "stop_sequence": None}
     out.append(_event("message_delta", {"delta": delta, "usage": usage}))
     out.append(_event("message_stop", {}))
     return out, first
-
-
-def _selected_headers(request: web.Request) -> dict[str, str]:
-    """What the log keeps of a request's headers: its credentials masked, its id."""
-    selected: dict[str, str] = {}
-    for name in ("x-api-key", "authorization"):
-        value = request.headers.get(name)
-        if value:
-            selected[name] = mask_secret(value)
-    for name in ("anthropic-version", "anthropic-beta"):
-        value = request.headers.get(name)
-        if value is not None:
-            selected[name] = value
-    request_id = request.headers.get("x-request-id")
-    if request_id is not None:
-        selected["x-request-id"] = request_id
-    return selected
 
 
 def _refusal(request: web.Request) -> web.Response | None:
@@ -273,7 +266,7 @@ def _read(raw: bytes) -> tuple[dict[str, Any], str, int]:
 async def messages(request: web.Request) -> web.StreamResponse:
     state = request.app[SIM_STATE]
     spec = request.headers.get(BEHAVIOUR_HEADER)
-    headers = _selected_headers(request)
+    headers = seen_headers(request, _CREDENTIALS, ("anthropic-version", "anthropic-beta"))
     refusal = _refusal(request)
     if refusal is not None:
         return refusal
@@ -281,7 +274,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         body, model, limit = _read(await request.read())
         rule = state.select(model, spec)
         behaviour = rule.behaviour
-        answer = chat_answer(_messages(body), behaviour.tokens, limit)
+        answer = billed(chat_answer(_messages(body), behaviour.tokens, limit), behaviour)
     except ValueError as exc:  # orjson's JSONDecodeError is one
         state.record(model=None, path=request.path, behaviour=spec, outcome="bad_request",
                      stream=False, prefill=False, headers=headers)  # fmt: skip
@@ -323,7 +316,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
     refused = outcome == "content_filter"
     shape, call = _turn(body, behaviour, answer)
     thinking = thinks(body)
-    inputs = state.prompt_cache.usage(body, answer.prompt_tokens)
+    inputs = state.prompt_cache.usage(body, answer)
+    entry["usage"] = usage_of(answer, inputs, refused)  # what the provider reports
     if not stream:
         entry["tokens"] = 0 if refused else answer.completion_tokens
         message = _message(number, model, answer, shape, refused, call, thinking, inputs)
@@ -340,7 +334,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     a message with this body reports; the error faults of a message (`429`, `500`, ...)."""
     state = request.app[SIM_STATE]
     spec = request.headers.get(BEHAVIOUR_HEADER)
-    headers = _selected_headers(request)
+    headers = seen_headers(request, _CREDENTIALS, ("anthropic-version", "anthropic-beta"))
     refusal = _refusal(request)
     if refusal is not None:
         return refusal

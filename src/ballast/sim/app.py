@@ -19,6 +19,7 @@ from aiohttp import web
 from ballast.sim.admin import add_admin_routes, invalid_request, json_response
 from ballast.sim.answer import (
     Answer,
+    billed,
     chat_answer,
     completion_answer,
     count_words,
@@ -49,7 +50,8 @@ from ballast.sim.gemini import add_gemini_routes
 from ballast.sim.jobs import add_job_routes
 from ballast.sim.responses import BadInput, max_output_tokens, messages_of, response_body
 from ballast.sim.responses import stream_events as response_events
-from ballast.sim.state import SIM_STATE, SimState, mask_secret
+from ballast.sim.responses import usage_of as response_usage
+from ballast.sim.state import SIM_STATE, SimState, seen_headers
 
 BEHAVIOUR_HEADER = "x-sim-behaviour"
 ERROR_OUTCOMES = frozenset({"429", "500", "503", "context_length", "content_filter", "409", "401"})
@@ -66,21 +68,6 @@ HTML_PAGE = (
     b"<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway"
     b"</h1></center><hr><center>nginx</center></body></html>\n"
 )
-
-
-def _selected_headers(request: web.Request) -> dict[str, str]:
-    selected: dict[str, str] = {}
-    auth = request.headers.get("authorization")
-    if auth is not None:
-        selected["authorization"] = mask_secret(auth)
-    api_key = request.headers.get("api-key")  # Azure's credential header
-    if api_key is not None:
-        selected["api-key"] = mask_secret(api_key)
-    for name in ("x-request-id", "traceparent", "tracestate"):
-        value = request.headers.get(name)
-        if value is not None:
-            selected[name] = value
-    return selected
 
 
 class _BadRequest(Exception):
@@ -147,7 +134,7 @@ async def _endpoint(
     request: web.Request, kind: str, default_model: str | None = None
 ) -> web.StreamResponse:
     state = request.app[SIM_STATE]
-    headers = _selected_headers(request)
+    headers = seen_headers(request, ("authorization", "api-key"), ("traceparent", "tracestate"))
     spec = request.headers.get(BEHAVIOUR_HEADER)
     model: str | None = None
     answer: Answer | None = None
@@ -162,7 +149,7 @@ async def _endpoint(
             ) from None
         behaviour = rule.behaviour
         if kind != "embeddings":
-            answer = _answer_for(kind, body, behaviour.tokens)
+            answer = billed(_answer_for(kind, body, behaviour.tokens), behaviour)
         texts = _embedding_texts(body) if kind == "embeddings" else []
     except _BadRequest as exc:
         state.record(
@@ -224,6 +211,7 @@ async def _endpoint(
     if kind != "completions":  # the prompt as OpenAI's cache reads it
         prompt = messages_of(body) if kind == "responses" else body["messages"]
         answer = state.prompt_cache.reused(prompt, body, answer)
+    entry["usage"] = response_usage(answer) if kind == "responses" else answer.usage()
     if kind == "responses":
         if not stream:
             full = response_body(ids, body, answer, shape)

@@ -18,7 +18,7 @@ from ballast.sim.answer import Answer
 from ballast.sim.behaviour import Behaviour
 from ballast.sim.bodies import TOOL_NAME, Ids, format_retry_after, tool_arguments
 from ballast.sim.native import BadCall, NativeCall, handle
-from ballast.sim.prompt_cache import converse_blocks, marks, prefix
+from ballast.sim.prompt_cache import converse_blocks, marks, prefixes
 
 _ERRORS = {
     "429": (429, "ThrottlingException", "Too many requests, please wait before trying again."),
@@ -104,6 +104,9 @@ class BedrockWire:
         events.append(event("metadata", metadata))
         return events
 
+    def usage(self, answer: Answer) -> dict[str, Any]:
+        return _usage(answer, answer.completion_tokens)
+
     def opening(self, behaviour: Behaviour) -> int:
         return 2 if behaviour.shape == "tool" and behaviour.name != "content_filter" else 1
 
@@ -133,13 +136,18 @@ def _stop(answer: Answer, behaviour: Behaviour) -> str:
 
 
 def _usage(answer: Answer, emitted: int) -> dict[str, int]:
-    """Converse's usage: tokens read from or written to the prompt cache apart."""
+    """Bedrock's usage: like Anthropic's, `inputTokens` leaves out what the prompt cache read
+    and wrote (one figure for writes, however long kept); reasoning is in `outputTokens`."""
     prompt = answer.prompt_tokens
-    usage = {"inputTokens": prompt, "outputTokens": emitted, "totalTokens": prompt + emitted}
-    read, written = answer.cached_tokens, answer.cache_written
-    if read or written:
-        usage["inputTokens"] = prompt - read - written
-        usage.update(cacheReadInputTokens=read, cacheWriteInputTokens=written)
+    output = emitted + answer.thinking
+    usage = {
+        "inputTokens": prompt - answer.cached - answer.writes,
+        "outputTokens": output,
+        "totalTokens": prompt + output,
+    }
+    if answer.cached or answer.writes:
+        usage["cacheReadInputTokens"] = answer.cached
+        usage["cacheWriteInputTokens"] = answer.writes
     return usage
 
 
@@ -177,7 +185,7 @@ def _call(body: Any, model: str, stream: bool, token: str | None) -> NativeCall 
         limit if isinstance(limit, int) else None,
         stream,
         token,
-        cache_prefix=prefix(blocks),
+        cache_prefixes=prefixes(blocks),
         cache_marks=tuple(marks(blocks)),
     )
 

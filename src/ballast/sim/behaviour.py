@@ -1,7 +1,8 @@
 """Behaviour specs for the fault-injecting simulator.
 
 A spec is ``NAME`` or ``NAME?k=v&k=v`` (query-string style), for example ``ok?tokens=4``,
-``429?retry_after=2``, ``500?mode=flap&seconds=5`` or ``cut?after=3``.
+``429?retry_after=2``, ``500?mode=flap&seconds=5``, ``cut?after=3`` or
+``ok?cache_read=20&cache_write=10&thinking=8``.
 :func:`parse_behaviour` turns it into a frozen :class:`Behaviour`; an invalid spec raises
 :class:`ValueError` with a message naming the problem.
 """
@@ -27,6 +28,10 @@ _ANSWER = frozenset(
         "tool",
         "arg",
         "calls",
+        "cache_read",
+        "cache_write",
+        "cache_write_1h",
+        "thinking",
     }
 )
 # What a chat answer is made of: text, one tool call, or reasoning (`reasoning_content`);
@@ -94,6 +99,14 @@ class Behaviour:
     tool: str = "lookup"  # the tool the agent shape calls
     arg: str = "sim"  # and the value of its required string arguments
     calls: int = 1  # and how many times in a row it calls the tool before answering
+    # What the answer bills beyond what it shows, each wire reporting it its own way: prompt
+    # tokens read from the provider's prompt cache, written to it for 5 minutes and for an
+    # hour (at most what is left of the prompt, in that order), and tokens reasoned before
+    # answering (billed as output, never shown).
+    cache_read: int = 0
+    cache_write: int = 0
+    cache_write_1h: int = 0
+    thinking: int = 0
     # 429 / 500 / 503.
     retry_after: float | None = None
     mode: str = "always"
@@ -186,6 +199,10 @@ _CONVERTERS: dict[str, Callable[[str, str], Any]] = {
     "tool": _to_text,
     "arg": _to_text,
     "calls": _to_count,
+    "cache_read": _to_int,
+    "cache_write": _to_int,
+    "cache_write_1h": _to_int,
+    "thinking": _to_int,
     "retry_after": _to_float,
     "mode": _to_mode,
     "seconds": _to_float,

@@ -74,6 +74,9 @@ class GeminiWire:
         end = _response(ids, answer, [{"text": ""}], answer.completion_tokens, True)
         return [*events, _sse(end)]
 
+    def usage(self, answer: Answer) -> dict[str, Any]:
+        return _usage(answer, answer.completion_tokens)
+
     def opening(self, behaviour: Behaviour) -> int:
         return 0
 
@@ -107,17 +110,28 @@ def _response(
     candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
     if last:
         candidate["finishReason"] = _FINISH.get(answer.finish_reason, "STOP")
-    usage = {
-        "promptTokenCount": answer.prompt_tokens,
-        "candidatesTokenCount": emitted,
-        "totalTokenCount": answer.prompt_tokens + emitted,
-    }
     return {
         "candidates": [candidate],
-        "usageMetadata": usage,
+        "usageMetadata": _usage(answer, emitted),
         "modelVersion": ids.model,
         "responseId": f"sim-{ids.number}",
     }
+
+
+def _usage(answer: Answer, emitted: int) -> dict[str, int]:
+    """Gemini's usage: `promptTokenCount` holds what a cache served
+    (`cachedContentTokenCount`); the thoughts, billed as output, are counted apart from the
+    candidates. Writes to a cache are not reported (Gemini bills a cache's storage)."""
+    usage = {
+        "promptTokenCount": answer.prompt_tokens,
+        "candidatesTokenCount": emitted,
+        "totalTokenCount": answer.prompt_tokens + emitted + answer.thinking,
+    }
+    if answer.cached:
+        usage["cachedContentTokenCount"] = answer.cached
+    if answer.thinking:
+        usage["thoughtsTokenCount"] = answer.thinking
+    return usage
 
 
 def _blocked(ids: Ids, answer: Answer) -> dict[str, Any]:

@@ -20,16 +20,17 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from ballast.sim.answer import Answer, chat_answer
+from ballast.sim.answer import Answer, billed, chat_answer
 from ballast.sim.behaviour import Behaviour
 from ballast.sim.bodies import Ids
 from ballast.sim.conn import close as _close
 from ballast.sim.conn import pause as _pause
 from ballast.sim.conn import reset as _reset
-from ballast.sim.state import SIM_STATE, Rule, mask_secret
+from ballast.sim.state import SIM_STATE, Rule, seen_headers
 
 BEHAVIOUR_HEADER = "x-sim-behaviour"
 ERRORS = frozenset({"429", "500", "503", "context_length", "409", "401"})
+_CREDENTIALS = ("authorization", "x-goog-api-key", "x-amz-security-token")
 _EXPIRED: weakref.WeakKeyDictionary[Rule, str] = weakref.WeakKeyDictionary()
 
 
@@ -45,7 +46,8 @@ class NativeCall:
     stream: bool
     token: str | None  # the bearer token or key, for 401 and expired_token
     include_usage: bool = True
-    cache_prefix: str | None = None  # the prompt up to its last cache mark (prompt_cache.py)
+    # The prompt up to each of its cache marks, with the mark's time to live (prompt_cache.py).
+    cache_prefixes: tuple[tuple[str, str], ...] = ()
     cache_marks: tuple[str, ...] = ()  # where the marks are, for the tests to read
 
 
@@ -60,6 +62,10 @@ class Wire(Protocol):
     def whole(self, ids: Ids, answer: Answer, behaviour: Behaviour) -> bytes: ...
     def events(self, ids: Ids, answer: Answer, behaviour: Behaviour) -> list[bytes]:
         """Every event of the stream: the opening ones, one per token, the closing ones."""
+        ...
+
+    def usage(self, answer: Answer) -> dict[str, Any]:
+        """The whole answer's usage, as the provider reports it (for the log)."""
         ...
 
     def opening(self, behaviour: Behaviour) -> int:
@@ -81,7 +87,7 @@ async def handle(
     request: web.Request, wire: Wire, call: NativeCall | BadCall
 ) -> web.StreamResponse:
     state = request.app[SIM_STATE]
-    headers = _seen_headers(request)
+    headers = seen_headers(request, _CREDENTIALS, ("x-amz-date",))
     if isinstance(call, BadCall):
         state.record(
             model=None, path=request.path, behaviour=None, outcome="bad_request",
@@ -93,7 +99,7 @@ async def handle(
     except ValueError as exc:
         return _respond(wire.bad_request(f"invalid {BEHAVIOUR_HEADER}: {exc}"))
     behaviour = rule.behaviour
-    answer = chat_answer(call.messages, behaviour.tokens, call.max_tokens)
+    answer = billed(chat_answer(call.messages, behaviour.tokens, call.max_tokens), behaviour)
     outcome = _outcome(rule, call)
     entry = state.record(
         model=call.model, path=request.path, behaviour=behaviour.spec, outcome=outcome,
@@ -103,6 +109,11 @@ async def handle(
         entry["cache_marks"] = list(call.cache_marks)
     if outcome in ERRORS:
         return _respond(wire.error(parse_as(behaviour, outcome), answer))
+    if not (answer.cached or answer.writes):  # the behaviour's own figures stand first
+        split = state.prompt_cache.split(call.cache_prefixes, answer.prompt_tokens)
+        if split is not None:
+            answer = replace(answer, cached=split[0], written=split[1], written_1h=split[2])
+    entry["usage"] = wire.usage(answer)
     if outcome == "reset":
         _reset(request)
         return web.Response()
@@ -113,9 +124,6 @@ async def handle(
         entry["disconnected"] = True
         return web.Response()
     ids = Ids(state.next_id(), int(time.time()), call.model, state.name)
-    split = state.prompt_cache.split(call.cache_prefix, answer.prompt_tokens)
-    if split is not None:
-        answer = replace(answer, cached_tokens=split[0], cache_written=split[1])
     if not call.stream:
         entry["tokens"] = answer.completion_tokens
         body = wire.whole(ids, answer, behaviour)
@@ -201,18 +209,6 @@ def _wait(behaviour: Behaviour, outcome: str, index: int, fault_at: int) -> floa
 def _respond(answer: tuple[int, bytes, dict[str, str]]) -> web.Response:
     status, body, headers = answer
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
-
-
-def _seen_headers(request: web.Request) -> dict[str, str]:
-    seen: dict[str, str] = {}
-    for name in ("authorization", "x-goog-api-key", "x-amz-date", "x-amz-security-token"):
-        value = request.headers.get(name)
-        if value is not None:
-            seen[name] = value if name == "x-amz-date" else mask_secret(value)
-    request_id = request.headers.get("x-request-id")
-    if request_id is not None:
-        seen["x-request-id"] = request_id
-    return seen
 
 
 def bearer(request: web.Request) -> str | None:

@@ -1,11 +1,14 @@
 """Prompt caches, as the simulator reports them, one per simulator (a deployment's own):
 
-- Anthropic's and Bedrock's, marked: the prompt's text up to its last cache mark
-  (Anthropic's `cache_control` on a system or message block, Bedrock's `cachePoint` block)
-  is written to the cache the first time the simulator sees it and read from it after
-  that, and the usage says so the way the provider's does (`input_tokens` counts only what
-  was neither read nor written). Where the marks were is recorded too, so a test sees that
-  each one reached the upstream where the client put it;
+- Anthropic's and Bedrock's, marked: the prompt's text up to each cache mark (Anthropic's
+  `cache_control` on a tool, system or message block, Bedrock's `cachePoint` block) is a
+  prefix the cache can hold. The longest marked prefix seen before is read from the cache;
+  what the later marks add is written to it, for as long as each mark asks (`"ttl": "1h"`,
+  else 5 minutes). The usage says so the way the provider's does: `input_tokens` counts
+  only what was neither read nor written, Anthropic's `cache_creation` splits the writes by
+  how long they are kept. Where the marks were is recorded too, so a test sees that each
+  one reached the upstream where the client put it. A behaviour's own cache figures
+  (`cache_read`, `cache_write`, `cache_write_1h`) stand in for the marks when it gives any;
 - OpenAI's, automatic: a prompt's longest run of leading messages seen before (under the
   same `prompt_cache_key`) is read from the cache, reported as `cached_tokens` once it is
   at least 1,024 tokens long, in steps of 128, as OpenAI's prompt caching does. Every
@@ -17,13 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from ballast.sim.answer import Answer, content_text, count_words
 
-Blocks = list[tuple[str, str, bool]]  # (where, text, marked), in the prompt's order
+Blocks = list[tuple[str, str, str | None]]  # (where, text, the mark's time to live), in order
 MIN_CACHED = 1024  # OpenAI caches no prompt shorter than this
 CACHE_STEP = 128  # and counts what it read in steps of this
 
@@ -46,27 +50,35 @@ class PromptCache:
         seen[key] = None
         return False
 
-    def usage(self, body: dict[str, Any], prompt_tokens: int) -> dict[str, int]:
-        """Anthropic's usage input fields for `body`, whose prompt is `prompt_tokens` long."""
-        split = self.split(prefix(anthropic_blocks(body)), prompt_tokens)
+    def usage(self, body: dict[str, Any], answer: Answer) -> dict[str, Any]:
+        """Anthropic's usage input fields for `body`, answered with `answer`."""
+        prompt = answer.prompt_tokens
+        if answer.cached or answer.writes:
+            return _fields(prompt, answer.cached, answer.written, answer.written_1h)
+        split = self.split(prefixes(anthropic_blocks(body)), prompt)
         if split is None:
-            return {"input_tokens": prompt_tokens}
-        read, written = split
-        return {
-            "input_tokens": prompt_tokens - read - written,
-            "cache_creation_input_tokens": written,
-            "cache_read_input_tokens": read,
-        }
+            return {"input_tokens": prompt}
+        return _fields(prompt, *split)
 
-    def split(self, marked: str | None, prompt_tokens: int) -> tuple[int, int] | None:
-        """(tokens read, tokens written) for a prompt whose marked prefix is `marked`; None
-        when nothing is marked."""
-        if marked is None:
+    def split(
+        self, marked: Sequence[tuple[str, str]], prompt_tokens: int
+    ) -> tuple[int, int, int] | None:
+        """(tokens read, written for 5 minutes, written for an hour) for a prompt whose
+        marked prefixes are `marked` (shortest first, with their times to live); None when
+        nothing is marked."""
+        if not marked:
             return None
-        cached = min(count_words([marked]), prompt_tokens)
-        if self._cached(b"marked:" + hashlib.sha256(marked.encode()).digest()):
-            return cached, 0
-        return 0, cached
+        read = short = long = counted = 0  # counted: the words of the prefixes before
+        for text, ttl in marked:
+            words = min(count_words([text]), prompt_tokens)
+            if self._cached(b"marked:" + hashlib.sha256(text.encode()).digest()):
+                read, short, long = words, 0, 0  # a longer hit replaces what came before
+            elif ttl == "1h":
+                long += words - counted
+            else:
+                short += words - counted
+            counted = words
+        return read, short, long
 
     def reused(self, messages: list[Any], body: dict[str, Any], answer: Answer) -> Answer:
         """`answer` with the cached tokens of its prompt, `messages` (OpenAI's wires)."""
@@ -82,20 +94,31 @@ class PromptCache:
         cached = min(cached, answer.prompt_tokens)
         if cached < MIN_CACHED:
             return answer
-        return dataclasses.replace(answer, cached_tokens=cached - cached % CACHE_STEP)
+        return dataclasses.replace(answer, cached=cached - cached % CACHE_STEP)
+
+
+def _fields(prompt: int, read: int, short: int, long: int) -> dict[str, Any]:
+    return {
+        "input_tokens": prompt - read - short - long,
+        "cache_creation_input_tokens": short + long,
+        "cache_read_input_tokens": read,
+        "cache_creation": {"ephemeral_5m_input_tokens": short, "ephemeral_1h_input_tokens": long},
+    }
 
 
 def marks(blocks: Blocks) -> list[str]:
     """Where the prompt's cache marks are."""
-    return [where for where, _, marked in blocks if marked]
+    return [where for where, _, ttl in blocks if ttl is not None]
 
 
-def prefix(blocks: Blocks) -> str | None:
-    """The prompt's text up to and with its last marked block."""
-    last = max((i for i, (_, _, marked) in enumerate(blocks) if marked), default=None)
-    if last is None:
-        return None
-    return "\n".join(text for _, text, _ in blocks[: last + 1] if text)
+def prefixes(blocks: Blocks) -> tuple[tuple[str, str], ...]:
+    """The prompt's text up to and with each marked block, shortest first, with the mark's
+    time to live."""
+    out = []
+    for i, (_, _, ttl) in enumerate(blocks):
+        if ttl is not None:
+            out.append(("\n".join(text for _, text, _ in blocks[: i + 1] if text), ttl))
+    return tuple(out)
 
 
 def anthropic_blocks(body: dict[str, Any]) -> Blocks:
@@ -108,7 +131,7 @@ def anthropic_blocks(body: dict[str, Any]) -> Blocks:
     for i, message in enumerate(_seq(body.get("messages"))):
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
-            out.append((f"messages.{i}", content, False))
+            out.append((f"messages.{i}", content, None))
         for j, block in enumerate(_seq(content)):
             where = f"messages.{i}.content.{j}"
             out.append((where, _text(block), _mark(block)))
@@ -144,9 +167,12 @@ def _text(block: Any) -> str:
     return text if isinstance(text, str) else ""
 
 
-def _mark(block: Any) -> bool:
-    return isinstance(block, dict) and block.get("cache_control") is not None
+def _mark(block: Any) -> str | None:
+    control = block.get("cache_control") if isinstance(block, dict) else None
+    if not isinstance(control, dict):
+        return None
+    return str(control.get("ttl") or "5m")
 
 
-def _point(block: Any) -> bool:
-    return isinstance(block, dict) and "cachePoint" in block
+def _point(block: Any) -> str | None:
+    return "5m" if isinstance(block, dict) and "cachePoint" in block else None

@@ -61,13 +61,17 @@ def max_output_tokens(body: dict[str, Any]) -> int | None:
     return value
 
 
-def _usage(answer: Answer) -> dict[str, Any]:
+def usage_of(answer: Answer) -> dict[str, Any]:
+    """A Response's usage: the cache's reads and writes are parts of `input_tokens`, the
+    reasoning of `output_tokens`."""
+    output = answer.completion_tokens + answer.thinking
+    details = {"cached_tokens": answer.cached, "cache_write_tokens": answer.writes}
     return {
         "input_tokens": answer.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": answer.cached_tokens, "cache_write_tokens": 0},
-        "output_tokens": answer.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
+        "input_tokens_details": details,
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": answer.thinking},
+        "total_tokens": answer.prompt_tokens + output,
     }
 
 
@@ -149,7 +153,7 @@ def _final(ids: Ids, body: dict[str, Any], answer: Answer, shape: str) -> dict[s
     reasoned = _reasoned(body, shape)
     item = _item(ids, shape, "".join(_pieces(answer, shape)), item_status, reasoned)
     response["output"] = [_reasoning_item(ids), item] if reasoned else [item]
-    response["usage"] = _usage(answer)
+    response["usage"] = usage_of(answer)
     return response
 
 

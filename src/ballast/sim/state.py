@@ -161,4 +161,21 @@ def mask_secret(value: str) -> str:
     return "***" + value[-4:]
 
 
+def seen_headers(
+    request: web.Request, masked: tuple[str, ...], kept: tuple[str, ...]
+) -> dict[str, str]:
+    """What the log keeps of a request's headers: the credentials (`masked`) masked, the
+    request's id and the wire's own headers (`kept`) as they came."""
+    seen: dict[str, str] = {}
+    for name in masked:
+        value = request.headers.get(name)
+        if value:
+            seen[name] = mask_secret(value)
+    for name in (*kept, "x-request-id"):
+        value = request.headers.get(name)
+        if value is not None:
+            seen[name] = value
+    return seen
+
+
 SIM_STATE = web.AppKey("ballast_sim_state", SimState)

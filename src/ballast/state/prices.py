@@ -1,15 +1,19 @@
 """What models cost: a built-in table of list prices, overridden by the config's `prices`, and
 the lookup that finds a model's price by the deployment's configured model first, then by
 the name the upstream reported, with a date suffix stripped (`gpt-4o-2024-08-06`,
-`claude-3-5-haiku-20241022` are priced as `gpt-4o`, `claude-3-5-haiku`).
+`claude-3-5-haiku-20241022` are priced as `gpt-4o`, `claude-3-5-haiku`), and Bedrock's
+vendor prefix and version too (`us.anthropic.claude-sonnet-4-20250514-v1:0` is priced as
+`claude-sonnet-4`).
 
 The built-in figures are US dollars per million tokens (input, output, cached input) and the
 longest answer the model gives (`max_output_tokens`); Anthropic's models also bill writes to
-their prompt cache, at 1.25 times the input price for 5 minutes and twice it for an hour;
-from the providers' public pricing and model pages as of 2025-06 (openai.com/api/pricing,
-anthropic.com/pricing, ai.google.dev/gemini-api/docs/pricing, mistral.ai/pricing); for
-Gemini the figure for prompts up to 128k (1.5) or 200k (2.5 Pro) tokens. Prices change:
-configure your own to be sure; a configured price always wins."""
+their prompt cache, at 1.25 times the input price for 5 minutes and twice it for an hour
+(on Anthropic's API, Bedrock and Vertex AI alike); OpenAI and Gemini bill no writes (a
+write costs the input price). Reasoning tokens are output tokens, priced as output. From the
+providers' public pricing and model pages (openai.com/api/pricing, anthropic.com/pricing,
+ai.google.dev/gemini-api/docs/pricing, mistral.ai/pricing); for Gemini the figure for prompts
+up to 128k (1.5) or 200k (2.5 Pro) tokens. Prices change: configure your own to be sure; a
+configured price always wins."""
 
 from __future__ import annotations
 
@@ -30,8 +34,12 @@ _BUILT_IN: dict[str, tuple[float, float, float | None, int | None]] = {
     "gpt-3.5-turbo": (0.50, 1.50, None, 4_096),
     "text-embedding-3-small": (0.02, 0.0, None, None),
     "text-embedding-3-large": (0.13, 0.0, None, None),
+    "claude-opus-4-5": (5.00, 25.00, 0.50, 64_000),
+    "claude-opus-4-1": (15.00, 75.00, 1.50, 32_000),
     "claude-opus-4": (15.00, 75.00, 1.50, 32_000),
+    "claude-sonnet-4-5": (3.00, 15.00, 0.30, 64_000),
     "claude-sonnet-4": (3.00, 15.00, 0.30, 64_000),
+    "claude-haiku-4-5": (1.00, 5.00, 0.10, 64_000),
     "claude-3-7-sonnet": (3.00, 15.00, 0.30, 64_000),
     "claude-3-5-sonnet": (3.00, 15.00, 0.30, 8_192),
     "claude-3-5-haiku": (0.80, 4.00, 0.08, 8_192),
@@ -57,12 +65,14 @@ BUILT_IN: dict[str, ModelPrice] = {
     for name, (i, o, c, m) in _BUILT_IN.items()
 }
 
-# A trailing release date: -2024-07-18, -20241022, @20241022, or -latest.
-_DATED = re.compile(r"(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8})|-latest)$")
+# A trailing release date: -2024-07-18, -20241022, @20241022, or -latest; on Bedrock, before
+# the model's version (-v1:0), after its vendor (anthropic.) and region (us., eu., ...).
+_DATED = re.compile(r"(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8})|-latest)?(?:-v\d+:\d+)?$")
+_BEDROCK_VENDOR = re.compile(r"^(?:[a-z]{2,6}\.)?(?:anthropic|amazon|meta|mistral|cohere)\.")
 
 
 def undated(model: str) -> str:
-    return _DATED.sub("", model)
+    return _DATED.sub("", _BEDROCK_VENDOR.sub("", model), count=1)
 
 
 class PriceBook:

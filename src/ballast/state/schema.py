@@ -59,6 +59,11 @@ spend_events = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     # Ballast's estimate (a stream cut short before the upstream's usage came), not reported.
     sa.Column("estimated", sa.Boolean, nullable=False, server_default=sa.false()),
+    # Parts of prompt_tokens and completion_tokens, as the upstream reported them.
+    sa.Column("cached_tokens", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("cache_write_tokens", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("cache_write_1h_tokens", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("reasoning_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Index("ix_spend_key_period", "key_id", "period"),
 )
 

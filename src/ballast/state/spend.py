@@ -54,6 +54,7 @@ from ballast.state.spend_flush import COUNTER_PREFIX, FlushSide, _brief, counter
 from ballast.state.spend_journal import _add
 from ballast.state.spend_wal import WriteAheadLog, remove
 from ballast.state.store import RedisStore, StoreUnavailable
+from ballast.stream.usage import Usage
 
 __all__ = [
     "COUNTER_PREFIX",
@@ -63,7 +64,6 @@ __all__ = [
     "SpendRecorder",
     "SpendRow",
     "SpendUnavailable",
-    "cache_writes",
     "cost_of",
     "counter_name",
     "new_event_id",
@@ -87,72 +87,24 @@ class _Prices(Protocol):
     def get(self, model: str) -> ModelPrice | None: ...
 
 
-def cost_of(
-    prices: Mapping[str, ModelPrice] | _Prices,
-    model: str,
-    prompt_tokens: int,
-    completion_tokens: int,
-    cached_tokens: int = 0,
-    writes: tuple[int, int] = (0, 0),
-) -> float:
+def cost_of(prices: Mapping[str, ModelPrice] | _Prices, model: str, usage: Usage) -> float:
     """Dollars for one response; prices are per million tokens. An unpriced model costs 0.
-    Prompt tokens served from the upstream's cache (`cached_tokens`, part of the prompt)
-    cost the model's `cached_input` price where it has one; those written to it (`writes`:
-    for 5 minutes, for an hour; part of the prompt too) its `cache_write` and
-    `cache_write_1h` prices."""
+    Prompt tokens read from the upstream's cache (part of the prompt) cost the model's
+    `cached_input` price where it has one; those written to it its `cache_write` price (for
+    5 minutes) or `cache_write_1h` (for an hour), else the input price. Reasoning is part of
+    the completion, priced as output."""
     price = prices.get(model)
     if price is None:
         return 0.0
-    # Conditionals, not max(): this runs for every answer, and each builtin call costs more.
-    prompt = prompt_tokens if prompt_tokens > 0 else 0
-    completion = completion_tokens if completion_tokens > 0 else 0
+    prompt, completion, cached, written, long, _ = usage
     dollars = prompt * price.input + completion * price.output
-    if cached_tokens > 0 and price.cached_input is not None:
-        cached = cached_tokens if cached_tokens < prompt else prompt
+    if cached and price.cached_input is not None:
         dollars -= cached * (price.input - price.cached_input)
-    if writes[0] or writes[1]:
+    if written:
         short = price.cache_write if price.cache_write is not None else price.input
-        long = price.cache_write_1h if price.cache_write_1h is not None else short
-        dollars += writes[0] * (short - price.input) + writes[1] * (long - price.input)
+        hour = price.cache_write_1h if price.cache_write_1h is not None else short
+        dollars += (written - long) * (short - price.input) + long * (hour - price.input)
     return dollars / 1_000_000
-
-
-def cached_tokens(usage: Any) -> int:
-    """Input tokens the upstream served from its prompt cache, in OpenAI's usage shape
-    (chat or responses) or Anthropic's."""
-    if not isinstance(usage, dict):
-        return 0
-    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
-    value = details.get("cached_tokens") if isinstance(details, dict) else None
-    if value is None:
-        value = usage.get("cache_read_input_tokens")
-    return value if type(value) is int and value > 0 else 0
-
-
-def cache_writes(usage: Any) -> tuple[int, int]:
-    """Input tokens the upstream wrote to its prompt cache: (for 5 minutes, for an hour).
-    Anthropic's usage says both (`cache_creation`), or only their sum (then 5 minutes);
-    a translated chat usage carries them in `prompt_tokens_details`."""
-    if not isinstance(usage, dict):
-        return 0, 0
-    details = usage.get("cache_creation")
-    if isinstance(details, dict):
-        return _tokens(details.get("ephemeral_5m_input_tokens")), _tokens(
-            details.get("ephemeral_1h_input_tokens")
-        )
-    written = usage.get("cache_creation_input_tokens")
-    if written is not None:
-        return _tokens(written), 0
-    details = usage.get("prompt_tokens_details")
-    if isinstance(details, dict) and "cache_write_tokens" in details:
-        return _tokens(details.get("cache_write_tokens")), _tokens(
-            details.get("cache_write_1h_tokens")
-        )
-    return 0, 0
-
-
-def _tokens(value: Any) -> int:
-    return value if type(value) is int and value > 0 else 0
 
 
 def period_of(budget_period: str, now: float) -> str:

@@ -31,6 +31,12 @@ class SpendEvent(NamedTuple):
     cached: bool
     created_at: float
     estimated: bool = False  # Ballast's estimate of a stream cut short, not the upstream's
+    # Parts of the prompt and completion above, as the upstream reported them: tokens read
+    # from its prompt cache, written to it (all, and of those the hour-long ones), reasoned.
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    reasoning_tokens: int = 0
 
     def row(self) -> dict[str, Any]:
         return self._asdict()
@@ -49,12 +55,17 @@ class SpendEvent(NamedTuple):
             cached=bool(row["cached"]),
             created_at=float(row["created_at"]),
             estimated=bool(row.get("estimated", False)),
+            cached_tokens=int(row.get("cached_tokens") or 0),
+            cache_write_tokens=int(row.get("cache_write_tokens") or 0),
+            cache_write_1h_tokens=int(row.get("cache_write_1h_tokens") or 0),
+            reasoning_tokens=int(row.get("reasoning_tokens") or 0),
         )
 
     @classmethod
     def of_values(cls, values: list[Any]) -> SpendEvent:
-        """An event from its values in column order (a line of the buffer or its log;
-        one written before `estimated` existed has one value less)."""
+        """An event from its values in column order (a line of the buffer or its log; one
+        written by an older Ballast lacks the columns added since, which take their
+        defaults)."""
         return cls(*values)
 
 
@@ -62,7 +73,9 @@ _EVENT_COLUMNS = SpendEvent._fields
 
 # A `SpendEvent`'s values as a plain tuple, in column order: what the hot path records
 # (about 0.3 us less than making the named tuple, which the encoder would copy anyway).
-SpendRow = tuple[str, str, str, str, str | None, int, int, float, bool, float, bool]
+SpendRow = tuple[
+    str, str, str, str, str | None, int, int, float, bool, float, bool, int, int, int, int
+]
 
 
 # The most a single JSON statement of events carries (the last event may pass it): about

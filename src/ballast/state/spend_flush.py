@@ -51,7 +51,9 @@ def _insert_sql(sqlite: bool, returning: bool) -> str:
         picks = ",".join(f"json_extract(value,'$[{i}]')" for i in range(len(_EVENT_COLUMNS)))
         source = "json_each(?) WHERE true"  # `WHERE`: an upsert's SELECT needs one in SQLite
     else:
-        casts = ("",) * 5 + ("::int", "::int", "::float8", "::boolean", "::float8", "::boolean")
+        casts: tuple[str, ...] = ("",) * 5
+        casts += ("::int", "::int", "::float8", "::boolean", "::float8", "::boolean")
+        casts += ("::int",) * (len(_EVENT_COLUMNS) - len(casts))  # the usage's parts
         picks = ",".join(f"(r->>{i}){cast}" for i, cast in enumerate(casts))
         source = "json_array_elements($1::json) AS r"
     insert = (

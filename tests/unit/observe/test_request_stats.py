@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ballast.observe.families import StatsCollector
 from ballast.observe.request_stats import RequestStats, Snapshots
+from ballast.stream.usage import Usage
 
 
 def samples(stats: RequestStats) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -99,8 +101,8 @@ def test_usage_cache_and_budget_travel_between_workers() -> None:
     """Each worker's tokens and dollars reach the scrape summed; a budget is the least left."""
     one, two = RequestStats(), RequestStats()
     key = ("chat", "a", "openai", "openai", "k1")
-    one.record_usage(key, "chat", 10, 3, 2, 0.1)
-    two.record_usage(key, "chat", 20, 7, 0, 0.2)
+    one.record_usage(key, "chat", Usage(10, 3, 2, 4, 1, 2), 0.1)
+    two.record_usage(key, "chat", Usage(20, 7, 0, 0, 0, 5), 0.2)
     one.record_cache("chat", "hit")
     two.record_cache("chat", "hit")
     one.record_budget("k1", 5.0)
@@ -108,8 +110,12 @@ def test_usage_cache_and_budget_travel_between_workers() -> None:
     total = RequestStats()
     total.add(RequestStats.loads(one.dumps()))
     total.add(RequestStats.loads(two.dumps()))
-    assert total.usage[key] == [2, 30, 10, 2, 0.1 + 0.2]
+    assert total.usage[key] == [2, 30, 10, 2, 4, 1, 7, 0.1 + 0.2]
     assert total.cache == {("chat", "hit"): 2}
     assert total.budget == {"k1": 4.5}
     tokens = total.tokens[("chat", "openai", "chat", "a", "openai", "input")]
     assert tokens[-1] == 30 and sum(tokens[:-1]) == 2  # the sum, and two requests counted
+    # A snapshot of a worker from before the cache's writes and reasoning were counted.
+    older = orjson.loads(one.dumps())
+    older["usage"] = [[*key, 1, 10, 3, 2, 0.1]]
+    assert RequestStats.loads(orjson.dumps(older)).usage[key] == [1, 10, 3, 2, 0, 0, 0, 0.1]

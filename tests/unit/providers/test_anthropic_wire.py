@@ -205,23 +205,26 @@ def test_the_text_before_an_error_event_is_given_before_the_error() -> None:
     assert info.value.kind is failures.OVERLOADED
 
 
-def test_cache_writes_are_kept_apart_in_the_translated_usage() -> None:
+def test_cache_writes_and_thinking_are_kept_apart_in_the_translated_usage() -> None:
     usage = {
         "input_tokens": 5,
-        "output_tokens": 2,
+        "output_tokens": 9,
+        "output_tokens_details": {"thinking_tokens": 7},
         "cache_read_input_tokens": 3,
         "cache_creation_input_tokens": 10,
         "cache_creation": {"ephemeral_5m_input_tokens": 4, "ephemeral_1h_input_tokens": 6},
     }
+    # OpenAI's `cache_write_tokens` counts every write; of those, the hour-long apart.
     assert usage_of(usage) == {
         "prompt_tokens": 18,
-        "completion_tokens": 2,
-        "total_tokens": 20,
+        "completion_tokens": 9,
+        "total_tokens": 27,
         "prompt_tokens_details": {
             "cached_tokens": 3,
-            "cache_write_tokens": 4,
+            "cache_write_tokens": 10,
             "cache_write_1h_tokens": 6,
         },
+        "completion_tokens_details": {"reasoning_tokens": 7},
     }
 
 

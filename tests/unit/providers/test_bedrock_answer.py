@@ -129,11 +129,7 @@ def test_prompt_cache_reads_and_writes_are_prompt_tokens_kept_apart() -> None:
         "prompt_tokens": 52,
         "completion_tokens": 4,
         "total_tokens": 56,
-        "prompt_tokens_details": {
-            "cached_tokens": 50,
-            "cache_write_tokens": 0,
-            "cache_write_1h_tokens": 0,
-        },
+        "prompt_tokens_details": {"cached_tokens": 50},
     }
     stream = ConverseStream(IDS)
     stream.feed(_event("messageStop", {"stopReason": "end_turn"}))
@@ -142,3 +138,29 @@ def test_prompt_cache_reads_and_writes_are_prompt_tokens_kept_apart() -> None:
     (closing,) = stream.end(True)
     assert closing["usage"]["prompt_tokens"] == 9
     assert closing["usage"]["prompt_tokens_details"]["cache_write_tokens"] == 7
+
+
+def test_the_caches_reads_and_writes_are_prompt_tokens() -> None:
+    """Like Anthropic, Bedrock counts the cache's reads and writes apart from `inputTokens`."""
+    usage = {
+        "inputTokens": 10,
+        "outputTokens": 4,
+        "cacheReadInputTokens": 30,
+        "cacheWriteInputTokens": 20,
+        "totalTokens": 64,
+    }
+    data = {
+        "output": {"message": {"role": "assistant", "content": [{"text": "x"}]}},
+        "stopReason": "end_turn",
+        "usage": usage,
+    }
+    assert whole(data, IDS)["usage"] == {
+        "prompt_tokens": 60,
+        "completion_tokens": 4,
+        "total_tokens": 64,
+        "prompt_tokens_details": {
+            "cached_tokens": 30,
+            "cache_write_tokens": 20,
+            "cache_write_1h_tokens": 0,
+        },
+    }

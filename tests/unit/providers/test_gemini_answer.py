@@ -3,6 +3,8 @@ failure a client of Ballast would see, on plain dicts."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 
@@ -114,3 +116,27 @@ def test_a_retry_delay_in_the_error_stands_in_for_retry_after() -> None:
     }
     assert parse_error(429, orjson.dumps(body)).retry_after == 12.0
     assert parse_error(429, orjson.dumps(body), retry_after=3.0).retry_after == 3.0
+
+
+def test_cached_tokens_and_thoughts_reach_the_chat_usage() -> None:
+    """Gemini counts the cached tokens inside `promptTokenCount` and the thoughts apart from
+    `candidatesTokenCount`, though both are billed as output: the completion holds both."""
+    meta = {
+        "promptTokenCount": 100,
+        "cachedContentTokenCount": 60,
+        "candidatesTokenCount": 5,
+        "thoughtsTokenCount": 12,
+        "totalTokenCount": 117,
+    }
+    candidate: dict[str, Any] = {"content": {"parts": [{"text": "hi"}]}}
+    data: dict[str, Any] = {"candidates": [candidate], "usageMetadata": meta}
+    assert whole(data, IDS)["usage"] == {
+        "prompt_tokens": 100,
+        "completion_tokens": 17,
+        "total_tokens": 117,
+        "prompt_tokens_details": {"cached_tokens": 60},
+        "completion_tokens_details": {"reasoning_tokens": 12},
+    }
+    stream = GeminiStream(IDS)
+    stream.feed({**data, "candidates": [{**candidate, "finishReason": "STOP"}]})
+    assert stream.end(include_usage=True)[-1]["usage"]["completion_tokens"] == 17

@@ -29,13 +29,14 @@ from ballast.state.spend import (
     SpendEvent,
     SpendRecorder,
     SpendUnavailable,
-    cache_writes,
     cost_of,
     new_event_id,
     period_of,
 )
 from ballast.state.spend_buffer import _EVENT_COLUMNS
 from ballast.state.spend_wal import read_segment
+from ballast.stream.usage import Usage
+from ballast.stream.usage import read as read_usage
 
 INTERVAL = 1.0
 
@@ -176,16 +177,18 @@ async def advance(clock: ManualClock, recorder: SpendRecorder, seconds: float) -
 
 def test_cost_of() -> None:
     prices = {"gpt-x": ModelPrice(input=2.5, output=10.0), "free": ModelPrice()}
-    assert cost_of(prices, "gpt-x", 1_000_000, 0) == 2.5
-    assert cost_of(prices, "gpt-x", 1000, 500) == pytest.approx(0.0025 + 0.005)
-    assert cost_of(prices, "free", 1000, 1000) == 0.0
-    assert cost_of(prices, "unknown", 1000, 1000) == 0.0
-    assert cost_of(prices, "gpt-x", -5, -5) == 0.0
+    assert cost_of(prices, "gpt-x", Usage(1_000_000, 0)) == 2.5
+    assert cost_of(prices, "gpt-x", Usage(1000, 500)) == pytest.approx(0.0025 + 0.005)
+    assert cost_of(prices, "free", Usage(1000, 1000)) == 0.0
+    assert cost_of(prices, "unknown", Usage(1000, 1000)) == 0.0
+    # Reasoning is part of the completion: priced once, as output.
+    assert cost_of(prices, "gpt-x", Usage(0, 500, reasoning=400)) == pytest.approx(0.005)
 
 
 def test_cache_writes_cost_what_the_provider_bills() -> None:
     price = ModelPrice(input=3.0, output=15.0, cached_input=0.3, cache_write=3.75)
-    prices = {"claude": price, "plain": ModelPrice(input=3.0)}
+    hourly = price.model_copy(update={"cache_write_1h": 6.0})
+    prices = {"claude": price, "hourly": hourly, "plain": ModelPrice(input=3.0)}
     # 1,000 prompt tokens: 600 fresh, 100 read, 200 written for 5 minutes, 100 for an hour.
     usage = {
         "input_tokens": 600,
@@ -193,16 +196,13 @@ def test_cache_writes_cost_what_the_provider_bills() -> None:
         "cache_creation_input_tokens": 300,
         "cache_creation": {"ephemeral_5m_input_tokens": 200, "ephemeral_1h_input_tokens": 100},
     }
-    writes = cache_writes(usage)
-    assert writes == (200, 100)
+    counts = read_usage(usage)
+    assert counts == Usage(1000, 0, 100, 300, 100)
     dollars = (600 * 3.0 + 100 * 0.3 + 200 * 3.75 + 100 * 3.75) / 1e6  # 1h: cache_write
-    assert cost_of(prices, "claude", 1000, 0, 100, writes) == pytest.approx(dollars)
-    assert cost_of(prices, "plain", 1000, 0, 100, writes) == pytest.approx(3000 / 1e6)
-    # The sum alone is the 5-minute cache; a translated chat usage carries both.
-    assert cache_writes({"cache_creation_input_tokens": 7}) == (7, 0)
-    chat = {"prompt_tokens_details": {"cache_write_tokens": 5, "cache_write_1h_tokens": 2}}
-    assert cache_writes(chat) == (5, 2)
-    assert cache_writes({"prompt_tokens": 3}) == (0, 0) and cache_writes(None) == (0, 0)
+    assert cost_of(prices, "claude", counts) == pytest.approx(dollars)
+    dollars = (600 * 3.0 + 100 * 0.3 + 200 * 3.75 + 100 * 6.0) / 1e6
+    assert cost_of(prices, "hourly", counts) == pytest.approx(dollars)
+    assert cost_of(prices, "plain", counts) == pytest.approx(3000 / 1e6)
 
 
 def test_period_of_is_utc() -> None:
@@ -636,6 +636,9 @@ async def test_totals_count_each_inserted_event_once(
     assert await recorder.key_spend("k1", "total") == pytest.approx(0.875)
 
 
+OF_0002 = _EVENT_COLUMNS[: _EVENT_COLUMNS.index("estimated")]  # the columns it had
+
+
 async def test_upgrading_an_older_database_fills_the_totals_in(tmp_path: Path) -> None:
     from alembic import command
     from alembic.config import Config
@@ -651,7 +654,7 @@ async def test_upgrading_an_older_database_fills_the_totals_in(tmp_path: Path) -
         command.upgrade(config, "0002")
 
     def as_of_0002(row: dict[str, Any]) -> dict[str, Any]:
-        return {name: value for name, value in row.items() if name != "estimated"}
+        return {name: value for name, value in row.items() if name in OF_0002}
 
     async with database.begin() as connection:
         await connection.run_sync(to_0002)

@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 
+from ballast.stream.usage import read
+
 # A chat finish_reason -> Anthropic's stop_reason ("stop" is refined by `stop_reason`).
 _STOP_REASONS = {
     "stop": "end_turn",
@@ -37,30 +39,24 @@ def stop_reason(finish: Any, matched: Any, stops: Any) -> tuple[str, str | None]
     return _STOP_REASONS.get(finish, "end_turn"), None
 
 
-def usage_of(usage: Any, estimate: int = 0) -> dict[str, int]:
-    """Anthropic usage from chat usage. Anthropic counts tokens read from and written to a
-    prompt cache apart from `input_tokens`; a chat upstream counts them inside
-    `prompt_tokens` (the writes in `prompt_tokens_details`, as Ballast's Anthropic and
-    Bedrock translations report them)."""
+def usage_of(usage: Any, estimate: int = 0) -> dict[str, Any]:
+    """Anthropic usage from chat usage. Anthropic counts the tokens read from a prompt cache
+    and those written to it apart from `input_tokens` (a chat upstream counts them inside
+    `prompt_tokens`), splits the writes by how long they are kept, and names the thinking
+    part of `output_tokens`."""
     if not isinstance(usage, dict):
         return {"input_tokens": estimate, "output_tokens": 0}
-    prompt = _count(usage.get("prompt_tokens"))
-    details = usage.get("prompt_tokens_details")
-    if not isinstance(details, dict):
-        details = {}
-    cached = min(_count(details.get("cached_tokens")), prompt)
-    written = _count(details.get("cache_write_tokens")) + _count(
-        details.get("cache_write_1h_tokens")
-    )
-    written = min(written, prompt - cached)
-    out = {
-        "input_tokens": prompt - cached - written,
-        "output_tokens": _count(usage.get("completion_tokens")),
-    }
-    if written:
-        out["cache_creation_input_tokens"] = written
-    if cached:
+    prompt, completion, cached, written, long, reasoning = read(usage)
+    out: dict[str, Any] = {"input_tokens": prompt - cached - written, "output_tokens": completion}
+    if cached or written:
         out["cache_read_input_tokens"] = cached
+        out["cache_creation_input_tokens"] = written
+        out["cache_creation"] = {
+            "ephemeral_5m_input_tokens": written - long,
+            "ephemeral_1h_input_tokens": long,
+        }
+    if reasoning:
+        out["output_tokens_details"] = {"thinking_tokens": reasoning}
     return out
 
 
@@ -77,10 +73,6 @@ def thinking_blocks(given: Any) -> list[dict[str, Any]]:
         elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
             out.append({"type": kind, "data": block["data"]})
     return out
-
-
-def _count(value: Any) -> int:
-    return value if type(value) is int and value > 0 else 0
 
 
 def tool_input(arguments: Any) -> dict[str, Any]:

@@ -8,7 +8,8 @@ block its signature and closes it, or is a redacted block of its own), ENDED
 until the first chat chunk, so it carries the upstream's answer id and model; its
 `input_tokens` is the upstream's count when that chunk reports usage, else the gateway's
 estimate, and `message_delta` carries the real input and output tokens of the usage chunk at
-the end (the SDK keeps the later figure). Reads each event's parsed data
+the end, the cache's reads and writes and the thinking tokens with them (the SDK keeps the
+later figures). Reads each event's parsed data
 (`StreamEvent.json`); a stream broken past healing ends with `fail`."""
 
 from __future__ import annotations
@@ -200,6 +201,7 @@ class MessagesStream:
         model = chunk.get("model")
         usage = usage_of(chunk.get("usage"), self.estimate)
         usage["output_tokens"] = 0
+        usage.pop("output_tokens_details", None)
         message: dict[str, Any] = {
             "id": message_id(chunk.get("id")),
             "type": "message",

@@ -7,6 +7,8 @@ import os
 from itertools import count
 from typing import Any
 
+from ballast.stream.usage import read
+
 _PREFIX = os.urandom(6).hex()
 _serial = count(1)
 
@@ -47,28 +49,22 @@ def shell(request: dict[str, Any], response_id: str, created: int, model: str) -
 
 
 def usage_of(chat_usage: Any) -> dict[str, Any] | None:
+    """A Response's usage from chat usage: the tokens read from the prompt cache and written
+    to it (`cache_write_1h_tokens`: of those, kept for an hour, where the provider says) are
+    parts of `input_tokens`, the reasoning tokens of `output_tokens`."""
     if not isinstance(chat_usage, dict):
         return None
-    prompt = _int(chat_usage.get("prompt_tokens"))
-    completion = _int(chat_usage.get("completion_tokens"))
-    prompt_details = chat_usage.get("prompt_tokens_details") or {}
-    completion_details = chat_usage.get("completion_tokens_details") or {}
+    prompt, completion, cached, written, long, reasoning = read(chat_usage)
+    details = {"cached_tokens": cached, "cache_write_tokens": written}
+    if long:
+        details["cache_write_1h_tokens"] = long
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {
-            "cached_tokens": _int(prompt_details.get("cached_tokens")),
-            "cache_write_tokens": 0,
-        },
+        "input_tokens_details": details,
         "output_tokens": completion,
-        "output_tokens_details": {
-            "reasoning_tokens": _int(completion_details.get("reasoning_tokens"))
-        },
-        "total_tokens": _int(chat_usage.get("total_tokens")) or prompt + completion,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": prompt + completion,
     }
-
-
-def _int(value: Any) -> int:
-    return value if type(value) is int and value >= 0 else 0
 
 
 def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:

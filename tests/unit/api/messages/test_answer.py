@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from anthropic.types import Usage
 
 from ballast.api.messages.answer import message_body, message_id, usage_of
 
@@ -55,14 +56,45 @@ def test_stop_reasons(finish: str, extra: dict[str, Any], expected: tuple[str, A
     assert (body["stop_reason"], body["stop_sequence"]) == expected
 
 
-def test_cached_prompt_tokens_are_counted_apart() -> None:
+def test_the_caches_reads_and_writes_are_counted_apart() -> None:
     usage = {
         "prompt_tokens": 10,
         "completion_tokens": 2,
         "prompt_tokens_details": {"cached_tokens": 4},
     }
-    assert usage_of(usage) == {"input_tokens": 6, "output_tokens": 2, "cache_read_input_tokens": 4}
+    assert usage_of(usage) == {
+        "input_tokens": 6,
+        "output_tokens": 2,
+        "cache_read_input_tokens": 4,
+        "cache_creation_input_tokens": 0,
+        "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+    }
     assert usage_of(None, 5) == {"input_tokens": 5, "output_tokens": 0}
+    assert usage_of({"prompt_tokens": 3, "completion_tokens": 1}) == {
+        "input_tokens": 3,
+        "output_tokens": 1,
+    }
+    # Writes (for an hour too) and reasoning, as a translated Anthropic answer reports them.
+    usage = {
+        "prompt_tokens": 100,
+        "completion_tokens": 30,
+        "prompt_tokens_details": {
+            "cached_tokens": 20,
+            "cache_write_tokens": 50,
+            "cache_write_1h_tokens": 10,
+        },
+        "completion_tokens_details": {"reasoning_tokens": 25},
+    }
+    usage = usage_of(usage)
+    assert usage == {
+        "input_tokens": 30,
+        "output_tokens": 30,
+        "cache_read_input_tokens": 20,
+        "cache_creation_input_tokens": 50,
+        "cache_creation": {"ephemeral_5m_input_tokens": 40, "ephemeral_1h_input_tokens": 10},
+        "output_tokens_details": {"thinking_tokens": 25},
+    }
+    assert Usage.model_validate(usage).cache_creation is not None  # the SDK's own type
 
 
 def test_the_message_id_is_made_once() -> None:
@@ -88,9 +120,11 @@ def test_signed_thinking_comes_back_exactly_in_place_of_the_unsigned_reasoning()
 def test_cache_writes_are_counted_apart_too() -> None:
     details = {"cached_tokens": 4, "cache_write_tokens": 3, "cache_write_1h_tokens": 2}
     usage = {"prompt_tokens": 10, "completion_tokens": 2, "prompt_tokens_details": details}
+    # `cache_write_tokens` counts every write; `cache_write_1h_tokens` the hour-long ones.
     assert usage_of(usage) == {
-        "input_tokens": 1,
+        "input_tokens": 3,
         "output_tokens": 2,
-        "cache_creation_input_tokens": 5,
+        "cache_creation_input_tokens": 3,
         "cache_read_input_tokens": 4,
+        "cache_creation": {"ephemeral_5m_input_tokens": 1, "ephemeral_1h_input_tokens": 2},
     }
