@@ -12,7 +12,8 @@ their prompt cache, at 1.25 times the input price for 5 minutes and twice it for
 write costs the input price). Reasoning tokens are output tokens, priced as output. From the
 providers' public pricing and model pages (openai.com/api/pricing, anthropic.com/pricing,
 ai.google.dev/gemini-api/docs/pricing, mistral.ai/pricing); for Gemini the figure for prompts
-up to 128k (1.5) or 200k (2.5 Pro) tokens. Prices change: configure your own to be sure; a
+up to 128k (1.5) or 200k (2.5 Pro) tokens, for Claude Haiku 5.5 for prompts up to 100k
+tokens (a longer prompt costs five times as much). Prices change: configure your own to be sure; a
 configured price always wins."""
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ _BUILT_IN: dict[str, tuple[float, float, float | None, int | None]] = {
     "gpt-3.5-turbo": (0.50, 1.50, None, 4_096),
     "text-embedding-3-small": (0.02, 0.0, None, None),
     "text-embedding-3-large": (0.13, 0.0, None, None),
+    "claude-fable-5-1": (10.00, 50.00, 1.00, 128_000),
+    "claude-opus-5-5": (4.00, 20.00, 0.20, 128_000),
+    "claude-opus-5": (5.00, 25.00, 0.50, 128_000),
+    "claude-sonnet-5-5": (2.00, 10.00, 0.10, 128_000),
+    "claude-sonnet-5": (2.00, 10.00, 0.20, 128_000),
+    "claude-haiku-5-5": (0.10, 0.50, 0.01, 128_000),
     "claude-opus-4-5": (5.00, 25.00, 0.50, 64_000),
     "claude-opus-4-1": (15.00, 75.00, 1.50, 32_000),
     "claude-opus-4": (15.00, 75.00, 1.50, 32_000),
