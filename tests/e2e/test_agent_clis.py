@@ -4,9 +4,10 @@ simulator in a streamed tool loop: Claude Code with extended thinking (the stric
 refuses a tool turn whose signed thinking block did not come back intact), Codex with
 encrypted reasoning and `store: false` (refused without its reasoning item). Each run's first
 deployment fails, so the answer comes after a failover, on the native paths and the bridged
-ones. The CLIs' own network features (telemetry, update checks) are turned off. And Claude
-Code as an MCP client of Ballast's `/mcp`, calling a tool twice in one run across a restart
-of the tool server behind it."""
+ones (Claude Code's Messages also bridged to chat and back in front of Anthropic, its signed
+thinking and cache marks carried through the translation). The CLIs' own network features
+(telemetry, update checks) are turned off. And Claude Code as an MCP client of Ballast's
+`/mcp`, calling a tool twice in one run across a restart of the tool server behind it."""
 
 from __future__ import annotations
 
@@ -132,14 +133,16 @@ def _anthropic(dep_id: str, sim: SimServer) -> dict[str, Any]:
     return {**deployment(dep_id, sim, provider="anthropic"), "url": sim.url}
 
 
-@pytest.mark.parametrize("path", ["native", "bridged"])
+@pytest.mark.parametrize("path", ["native", "bridged-anthropic", "bridged"])
 def test_claude_code_runs_its_tool_loop_with_thinking(
     stack: Stack, agent_bin: Path, tmp_path: Path, path: str
 ) -> None:
     (tmp_path / NOTES).write_text("the notes\n")
-    if path == "native":
+    if path != "bridged":
         up = stack.sim(f"ok?shape=agent&tool=Read&arg={tmp_path / NOTES}&tokens=4", name="up")
         served = _anthropic("up", up)
+        if path == "bridged-anthropic":  # translated to chat and back, thinking carried
+            served["messages"] = "bridge"
     else:  # an OpenAI-compatible upstream: Messages translated to chat and back
         up = stack.sim("ok?shape=tool&tokens=4", name="up")
         served = deployment("up", up)
@@ -154,15 +157,19 @@ def test_claude_code_runs_its_tool_loop_with_thinking(
     assert len(calls) == 1 and [r["tool_use_id"] for r in results] == [calls[0]["id"]]
     attempts = _served(stack, up)
     assert len(attempts) >= 2 and all(a["stream"] for a in attempts)
-    if path == "native":
+    if path != "bridged":
         # The file was read, and its signed thinking went back (else the simulator refuses).
         assert calls[0]["name"] == "Read" and "the notes" in str(results[0]["content"])
         thinking = [b for b in _blocks(events, "assistant") if b["type"] == "thinking"]
         assert thinking and all(b["signature"] for b in thinking)
+        assert "thinking" in attempts[-1]["fields"]
+        assert attempts[-1]["cache_marks"]  # Claude Code's prompt-cache marks arrived
+    if path == "native":
         # What Claude Code sent reached the upstream as it was sent, betas included.
         assert "context_management" in attempts[-1]["fields"]
-        assert "thinking" in attempts[-1]["fields"]
         assert "context-management" in attempts[-1]["headers"]["anthropic-beta"]
+    elif path == "bridged-anthropic":  # translated: what chat cannot say was left out
+        assert "context_management" not in attempts[-1]["fields"]
     else:
         assert calls[0]["name"] == "lookup"  # a tool Claude Code has not: an error result
 
