@@ -207,6 +207,14 @@ def checks(res: Results, gateway: str = "ballast") -> list[Check]:
             res.stream_cell(gateway, conc).streams_per_s,
         )
         add(f"streams/s @{conc}: Anthropic Messages / chat", ">= 0.80", r, "{:.2f}", r >= 0.80)
+    r = _ratio(res.cell("ballast-messages-native", 32).rps, g32.rps)
+    add_ratio("req/s @32: native Messages / chat", 0.95, r, "ballast-messages-native", "")
+    for conc in res.concurrencies:
+        r = _ratio(
+            res.stream_cell("ballast-messages-native", conc).streams_per_s,
+            res.stream_cell(gateway, conc).streams_per_s,
+        )
+        add(f"streams/s @{conc}: native Messages / chat", ">= 0.95", r, "{:.2f}", r >= 0.95)
     r = _ratio(res.cell("ballast-anthropic", 32).rps, g32.rps)
     add_ratio(
         "req/s @32: through the Anthropic adapter / pass-through", 0.75, r, "ballast-anthropic", ""

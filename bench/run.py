@@ -41,6 +41,7 @@ PAIRS = [
     ("ballast+keys+redis", "ballast", 32, 32),
     ("ballast-2w", "ballast", 64, 32),
     ("ballast-messages", "ballast", 32, 32),
+    ("ballast-messages-native", "ballast", 32, 32),
     ("ballast-responses", "ballast", 32, 32),
     ("ballast-anthropic", "ballast", 32, 32),
 ]
@@ -127,6 +128,8 @@ def start_targets(
             target = tg.ballast(procs, workdir, upstream, name=name, assemble=True)
         elif name == "ballast-messages":
             target = tg.ballast_messages(procs, workdir, upstream)
+        elif name == "ballast-messages-native":
+            target = tg.ballast_messages_native(procs, workdir, upstream)
         elif name == "ballast-responses":
             target = tg.ballast_responses(procs, workdir, upstream)
         elif name == "ballast-anthropic":

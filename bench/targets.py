@@ -33,6 +33,7 @@ ALL_TARGETS = (
     "ballast-2w",
     "ballast-assemble",
     "ballast-messages",
+    "ballast-messages-native",
     "ballast-responses",
     "ballast-anthropic",
     "ballast-granian",
@@ -308,6 +309,18 @@ def ballast_messages(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> 
         target.url = target.stream_url = target.url.replace(nginx.NON_STREAM_PATH, "/v1/messages")
         target.shape = "messages"
         target.note = "1 worker, Anthropic Messages in, chat upstream out"
+    return target
+
+
+def ballast_messages_native(procs: ProcessGroup, workdir: Path, upstream: Upstream) -> Target:
+    """Ballast loaded through `/v1/messages` in front of a Messages upstream (`provider:
+    anthropic`, native pass-through: the client's body goes as it came, the provider's
+    events come back as they were sent): what the native path costs against the chat path."""
+    target = ballast(procs, workdir, upstream, name="ballast-messages-native", anthropic=True)
+    if target.ok:
+        target.url = target.stream_url = target.url.replace(nginx.NON_STREAM_PATH, "/v1/messages")
+        target.shape = "messages"
+        target.note = "1 worker, Anthropic Messages in, passed through to a Messages upstream"
     return target
 
 

@@ -227,8 +227,9 @@ class UpstreamStream:
     def _take(self, event: bytes) -> StreamEvent | None:
         """One event, typed and read by the stream's state (the one parse of its data); None
         for an event that must not reach the client (a comment, a malformed chunk). Runs for
-        every event of every stream: the usual one-line `data: {...}` is parsed at once, and
-        only what that parse refuses takes the careful path, line by line."""
+        every event of every stream: the usual one-line `data: {...}` (and the usual named
+        `event: x` then `data: {...}` of a Messages stream) is parsed at once, and only what
+        that parse refuses takes the careful path, line by line."""
         state = self.state
         taken = None
         if event.startswith(b"data:"):
@@ -242,6 +243,17 @@ class UpstreamStream:
                 pass  # several lines, or not JSON: read below
             else:
                 taken = StreamEvent(event + b"\n\n", data, None, payload)
+        elif event.startswith(b"event:"):
+            end = event.find(b"\n")
+            if end > 0 and event.startswith(b"data:", end + 1):
+                data = event[end + 6 :]
+                try:
+                    payload = orjson.loads(data)  # refuses a second data line: read below
+                except orjson.JSONDecodeError:
+                    pass
+                else:
+                    name = event[6:end].strip()
+                    taken = StreamEvent(event + b"\n\n", data, name, payload)
         if taken is None:
             taken = read(event)
             payload = taken.json

@@ -103,7 +103,18 @@ class StreamState:
                     self.finished = True
                     self.finish_reason = reason if isinstance(reason, str) else None
         elif "type" in payload:
-            self._observe_typed(payload)  # it reads its own usage
+            if payload["type"] == "content_block_delta":  # most of a Messages stream
+                self.output = self.untracked = True
+                delta = payload.get("delta")
+                if isinstance(delta, dict):  # text, thinking, a tool's input: all billed
+                    for name in _MESSAGE_DELTA_TEXT:
+                        piece = delta.get(name)
+                        if isinstance(piece, str):
+                            self.kept += len(piece)
+                            self.pieces += 1
+                            break
+            else:
+                self._observe_typed(payload)  # it reads its own usage
             return
         usage = payload.get("usage")
         if usage is not None and isinstance(usage, dict):
@@ -139,20 +150,11 @@ class StreamState:
                 self.usage = usage
 
     def _observe_message(self, kind: str, payload: dict[str, Any]) -> None:
-        """An event of a Messages stream relayed as the upstream sent it: its deltas (and a
-        block that comes whole, such as redacted thinking) are output, never continued;
-        `message_start` and `message_delta` carry the usage, `message_stop` ends it."""
-        if kind == "content_block_delta":
-            self.output = self.untracked = True
-            delta = payload.get("delta")
-            if isinstance(delta, dict):  # text, thinking, a tool's input: all billed
-                for name in _MESSAGE_DELTA_TEXT:
-                    piece = delta.get(name)
-                    if isinstance(piece, str):
-                        self.kept += len(piece)
-                        self.pieces += 1
-                        break
-        elif kind == "content_block_start":
+        """An event of a Messages stream relayed as the upstream sent it, but its deltas
+        (`observe` reads those: they are output, never continued): a block that comes whole,
+        such as redacted thinking, is output too; `message_start` and `message_delta` carry
+        the usage, `message_stop` ends it."""
+        if kind == "content_block_start":
             block = payload.get("content_block")
             if isinstance(block, dict) and block.get("type") not in _STREAMED_BLOCKS:
                 self.output = self.untracked = True

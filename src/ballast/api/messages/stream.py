@@ -49,7 +49,8 @@ class NativeStream:
     def feed(self, events: list[StreamEvent]) -> bytes:
         if self.ended:
             return b""
-        return b"".join([_MESSAGE_STOP if e.done else e.raw for e in events])
+        # Anthropic's events are named; only the [DONE] that ends a finished stream is not.
+        return b"".join([_MESSAGE_STOP if e.name is None and e.done else e.raw for e in events])
 
     def finish(self) -> bytes:
         return b""
