@@ -31,13 +31,14 @@ def native(provider: str, sim: Any) -> dict[str, Any]:
 def drive(api: openai.OpenAI, seconds: float, every: float = 0.1) -> list[tuple[float, str]]:
     """Streamed requests at a steady pace for `seconds`: (when, which deployment answered),
     read off the stream's x-ballast-deployment header (an Anthropic answer has no
-    system_fingerprint to tell the simulators apart)."""
-    served = []
+    system_fingerprint to tell the simulators apart). Each request is a caller of its own,
+    as a group's traffic is (see test_recovery.drive)."""
+    served: list[tuple[float, str]] = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         started = time.monotonic()
         raw = api.chat.completions.with_raw_response.create(
-            model="chat", messages=MESSAGES, stream=True
+            model="chat", messages=MESSAGES, stream=True, user=f"caller-{len(served)}"
         )
         served.append((started, raw.headers["x-ballast-deployment"]))
         list(raw.parse())

@@ -23,12 +23,16 @@ def probes(stack: Stack, sim: Any) -> list[dict[str, Any]]:
 
 
 def drive(api: openai.OpenAI, seconds: float, every: float = 0.1) -> list[tuple[float, str]]:
-    """Requests at a steady pace for `seconds`: (when, which simulator answered)."""
-    served = []
+    """Requests at a steady pace for `seconds`: (when, which simulator answered). Each is a
+    caller of its own (a conversation prompt-cache affinity keeps to its deployment), as a
+    group's traffic is: one conversation alone would measure affinity, not recovery
+    (tests/unit/routing/test_affinity.py holds a conversation across an outage)."""
+    served: list[tuple[float, str]] = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         started = time.monotonic()
-        served.append((started, served_by(chat(api).system_fingerprint)))
+        answer = chat(api, user=f"caller-{len(served)}")
+        served.append((started, served_by(answer.system_fingerprint)))
         time.sleep(max(0.0, every - (time.monotonic() - started)))
     return served
 

@@ -20,7 +20,7 @@ fine for a map each worker keeps to itself, and a collision only changes an orde
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 from typing import Any
 
 import orjson
@@ -35,7 +35,13 @@ _SYSTEM = ("system", "developer")
 class Affinity:
     """Which deployment answered a conversation last, per model group: an LRU map bounded
     by `limit` entries, each forgotten `ttl` seconds after its last answer. One per worker
-    and configuration generation; it only ever orders deployments the strategy ranked."""
+    and configuration generation; it only ever orders deployments the strategy ranked.
+
+    A failover does not outlast the recovery it covered for: an answer given after another
+    deployment of the group failed the same request is not kept (the strategy, which has
+    seen the failure, decides the next turn), and one given while some of the group was
+    out (breaker open, cooling down, drained) names those deployments and lapses as soon
+    as one of them is ready again, so a recovered, faster deployment gets its traffic back."""
 
     __slots__ = ("_clock", "_entries", "_limit", "_ttl")
 
@@ -43,25 +49,28 @@ class Affinity:
         self._limit = limit
         self._ttl = ttl
         self._clock = clock
-        self._entries: OrderedDict[int, tuple[str, float]] = OrderedDict()
+        self._entries: OrderedDict[int, tuple[str, float, tuple[Target, ...]]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get(self, key: int) -> str | None:
-        """The deployment that answered `key` last, unless that was `ttl` ago or more."""
+        """The deployment that answered `key` last, unless that was `ttl` ago or more, or
+        a deployment that was out then is ready now."""
         entry = self._entries.get(key)
         if entry is None:
             return None
-        if entry[1] <= self._clock.monotonic():
+        now = self._clock.monotonic()
+        if entry[1] <= now or any(out.ready(now) for out in entry[2]):
             del self._entries[key]
             return None
         return entry[0]
 
-    def served(self, key: int, deployment: str) -> None:
-        """`deployment` answered `key`: it is the one to prefer for the next `ttl`."""
+    def served(self, key: int, deployment: str, out: tuple[Target, ...] = ()) -> None:
+        """`deployment` answered `key`: it is the one to prefer for the next `ttl`, or
+        until one of `out` (the group's deployments that were not ready) is ready."""
         entries = self._entries
-        entries[key] = (deployment, self._clock.monotonic() + self._ttl)
+        entries[key] = (deployment, self._clock.monotonic() + self._ttl, out)
         entries.move_to_end(key)
         if len(entries) > self._limit:
             entries.popitem(last=False)
@@ -80,13 +89,27 @@ class Affinity:
                 break
         return ranked
 
-    def answered(self, target: Target, conversation: int) -> None:
+    def answered(
+        self,
+        target: Target,
+        conversation: int,
+        members: list[Target],
+        failed: Collection[str | None] = (),
+    ) -> None:
         """`target` answered (a whole answer, or a stream's first token: by then it has read
         the prompt and cached it): the conversation's next requests prefer it, in a group
-        that keeps conversations to a deployment."""
+        that keeps conversations to a deployment. `members` is the group, `failed` the
+        deployments this request failed on before."""
         group = target.group
-        if len(group.deployments) > 1 and group.prompt_affinity:
-            self.served(group_key(group.name, conversation), target.id)
+        if len(members) < 2 or not group.prompt_affinity:
+            return
+        key = group_key(group.name, conversation)
+        if failed and any(m.id in failed for m in members):
+            self._entries.pop(key, None)
+            return
+        now = self._clock.monotonic()
+        out = tuple(m for m in members if m is not target and not m.ready(now))
+        self.served(key, target.id, out)
 
 
 def group_key(group: str, conversation: int) -> int:

@@ -320,7 +320,12 @@ class AttemptLoop:
         if not attempts.stream:
             attempt.succeeded()
         if attempts.conversation is not None:
-            self.affinity.answered(target, attempts.conversation)
+            self.affinity.answered(
+                target,
+                attempts.conversation,
+                self.targets.members(target.group),
+                [failure.deployment for failure in attempts.failures],
+            )
         return result
 
     async def _early_probe(

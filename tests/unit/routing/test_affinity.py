@@ -13,7 +13,7 @@ from ballast.pipeline.context import RequestContext
 from ballast.resilience import failures
 from ballast.resilience.clock import ManualClock
 from ballast.resilience.failures import Failure
-from ballast.routing.affinity import Affinity, conversation
+from ballast.routing.affinity import Affinity, conversation, group_key
 from ballast.routing.attempt import Attempt
 from ballast.routing.router import Router
 
@@ -180,7 +180,7 @@ def test_only_a_ready_deployment_is_put_first(trouble: str | None) -> None:
     assert group is not None
     a, b = router.targets["a"], router.targets["b"]
     affinity = router.loop.affinity
-    affinity.answered(a, 42)
+    affinity.answered(a, 42, [a, b])
     if trouble == "breaker":
         a.breaker.force_open(30.0)
     elif trouble == "cooling":
@@ -202,18 +202,50 @@ async def test_an_open_preferred_deployment_is_passed_over_and_the_answer_moves_
     assert on_a
     router.targets["a"].breaker.force_open(30.0)
     assert {await ask(router, request(k)) for k in on_a} == {"b"}
-    router.targets["a"].breaker.reset()  # back: they keep to b, which has their prompts now
+    assert {await ask(router, request(k)) for k in on_a} == {"b"}  # kept there while a is out
+
+
+async def test_a_stand_in_keeps_a_conversation_only_until_the_one_it_covered_is_back() -> None:
+    router, _ = make_router()
+    keys = [str(k) for k in range(40)]
+    on_a = [k for k in keys if await ask(router, request(k)) == "a"]
+    router.targets["a"].breaker.force_open(30.0)
     assert {await ask(router, request(k)) for k in on_a} == {"b"}
+    router.targets["a"].breaker.reset()
+    # Back: the strategy decides again (a stand-in's answer does not outlast the recovery),
+    # and where it puts a conversation now, the conversation keeps to.
+    again = {k: await ask(router, request(k)) for k in on_a}
+    assert "a" in again.values()
+    for key, deployment in again.items():
+        assert await ask(router, request(key)) == deployment
 
 
-async def test_a_failing_preferred_deployment_fails_over_and_the_answer_moves_it() -> None:
+def test_an_answer_while_part_of_the_group_is_out_names_what_was_out() -> None:
+    router, clock = make_router()
+    group = router.resolve("chat")
+    assert group is not None
+    a, b = router.targets["a"], router.targets["b"]
+    affinity = router.loop.affinity
+    a.cooling_until = clock.monotonic() + 10.0
+    affinity.answered(b, 7, [a, b])
+    assert affinity.order(group, [a, b], 7) == [b, a]  # a still cools: b keeps it
+    clock.advance(10.0)
+    assert affinity.order(group, [a, b], 7) == [a, b]  # a is back: the strategy's order
+    assert len(affinity) == 0
+
+
+async def test_an_answer_after_a_failover_is_not_kept() -> None:
     router, _ = make_router()
     keys = [str(k) for k in range(20)]
     on_a = [k for k in keys if await ask(router, request(k)) == "a"]
     assert on_a
     key = on_a[0]
+    kept = group_key("chat", hash(key))
+    assert router.loop.affinity.get(kept) == "a"
     assert await ask(router, request(key), down=frozenset({"a"})) == "b"
-    assert await ask(router, request(key)) == "b"
+    assert router.loop.affinity.get(kept) is None  # the strategy, having seen a fail, decides
+    answered = await ask(router, request(key))
+    assert router.loop.affinity.get(kept) == answered
 
 
 async def test_a_group_of_one_reads_no_key_and_keeps_nothing() -> None:
