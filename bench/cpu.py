@@ -10,6 +10,7 @@ for want of work).
 
     .venv/bin/python bench/cpu.py                      # non-streaming, this tree's src/
     .venv/bin/python bench/cpu.py --stream
+    .venv/bin/python bench/cpu.py --stream --messages  # native Messages pass-through
     .venv/bin/python bench/cpu.py --src ../old/src     # an older tree, for an A/B
     .venv/bin/python bench/cpu.py --keys               # with a key, limits, budget, spend
     .venv/bin/python bench/cpu.py --keys --redis redis://127.0.0.1:6379/0
@@ -44,6 +45,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--src", type=Path, default=tg.REPO / "src", help="Ballast's src/")
     parser.add_argument("--keys", action="store_true", help="keys, limits, budget and spend")
     parser.add_argument(
+        "--messages",
+        action="store_true",
+        help="Anthropic Messages in, passed through to a Messages upstream (native)",
+    )
+    parser.add_argument(
         "--redis", metavar="URL", help="with --keys: keep limits and spend in Redis"
     )
     parser.add_argument("--requests", type=int, default=8000, help="per phase")
@@ -51,7 +57,15 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def scope(body: bytes, key: str) -> dict[str, Any]:
+def scope(body: bytes, key: str, messages: bool) -> dict[str, Any]:
+    path = b"/v1/messages" if messages else b"/v1/chat/completions"
+    auth = (
+        (b"x-api-key", key.encode()) if messages else (b"authorization", b"Bearer " + key.encode())
+    )
+    headers = [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"), auth]
+    if messages:
+        headers.append((b"anthropic-version", b"2023-06-01"))
+    headers.append((b"content-length", str(len(body)).encode()))
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -61,15 +75,10 @@ def scope(body: bytes, key: str) -> dict[str, Any]:
         "scheme": "http",
         "method": "POST",
         "root_path": "",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
+        "path": path.decode(),
+        "raw_path": path,
         "query_string": b"",
-        "headers": [
-            (b"host", b"127.0.0.1:8000"),
-            (b"content-type", b"application/json"),
-            (b"authorization", b"Bearer " + key.encode()),
-            (b"content-length", str(len(body)).encode()),
-        ],
+        "headers": headers,
     }
 
 
@@ -93,9 +102,10 @@ async def measure(
         tuning.settle_after_startup(app.settings.server.gc_young_threshold)
         break
     model = "bench-stream" if args.stream else "bench-model"
-    body = b'{"model": "%s", "stream": %s, "messages": [{"role": "user", "content": "hi"}]}' % (
+    body = b'{"model": "%s", "stream": %s, %s"messages": [{"role": "user", "content": "hi"}]}' % (
         model.encode(),
         b"true" if args.stream else b"false",
+        b'"max_tokens": 256, ' if args.messages else b"",
     )
     failures = 0
 
@@ -118,7 +128,7 @@ async def measure(
             if message["type"] == "http.response.start":
                 status = message["status"]
 
-        await app(scope(body, key), receive, send)
+        await app(scope(body, key, args.messages), receive, send)
         failures += status != 200
 
     async def worker(count: int) -> None:
@@ -146,9 +156,10 @@ async def measure(
 
 
 def describe(args: argparse.Namespace) -> str:
+    shape = ", native Messages" if args.messages else ""
     if not args.keys:
-        return "open"
-    return "keys+limits+spend" + (", Redis" if args.redis else ", SQLite")
+        return "open" + shape
+    return "keys+limits+spend" + (", Redis" if args.redis else ", SQLite") + shape
 
 
 def main() -> int:
@@ -166,7 +177,7 @@ def main() -> int:
         if args.keys:
             extra = tg.keys_config(workdir, "cpu", args.redis)
             key = tg.create_key(workdir, upstream, extra, args.src.resolve())
-        config = tg.ballast_config(0, upstream, extra)
+        config = tg.ballast_config(0, upstream, extra, anthropic=args.messages)
         phases = uvloop.run(measure(args, config, key))
     finally:
         procs.stop_all()
