@@ -45,6 +45,13 @@ PAIRS = [
     ("ballast-responses", "ballast", 32, 32),
     ("ballast-anthropic", "ballast", 32, 32),
 ]
+# The streamed ratio targets, paired the same way at every concurrency: a shape's streams
+# against chat's.
+STREAM_PAIRS = [
+    ("ballast-messages-native", "ballast"),
+    ("ballast-messages", "ballast"),
+    ("ballast-responses", "ballast"),
+]
 
 
 @dataclass(frozen=True)
@@ -300,6 +307,41 @@ def measure_pairs(live: list[tg.Target], res: Results, plan: Plan) -> None:
                 ratio = rps[variant] / rps[baseline]
                 res.pairs.setdefault((variant, baseline), []).append(ratio)
                 _log(f"[pair {rnd + 1}/{plan.pair_rounds}] {variant} / {baseline}: {ratio:.3f}")
+    for variant, baseline in STREAM_PAIRS:
+        for conc in res.concurrencies:
+            _stream_pairs(by_name, variant, baseline, conc, res, plan)
+
+
+def _stream_pairs(
+    by_name: dict[str, tg.Target],
+    variant: str,
+    baseline: str,
+    conc: int,
+    res: Results,
+    plan: Plan,
+) -> None:
+    """`measure_pairs` for a streamed ratio: streams/s of the two, back to back."""
+    for rnd in range(plan.pair_rounds):
+        live = _drop_dead(list(by_name.values()), res)
+        if {variant, baseline} - {t.name for t in live}:
+            return
+        order = [baseline, variant]
+        rates: dict[str, float] = {}
+        for name in order if rnd % 2 == 0 else order[::-1]:
+            t = by_name[name]
+            try:
+                rates[name] = run_streams(
+                    t.stream_url, conc, plan.stream_seconds, t.key, t.shape, t.stream_headers
+                ).streams_per_s
+            except _RUN_ERRORS as exc:
+                res.failed[name] = f"paired streams at {conc}: {exc}".splitlines()[0]
+                return
+            wait_idle(t.pid)
+        if rates[baseline]:
+            ratio = rates[variant] / rates[baseline]
+            res.stream_pairs.setdefault((variant, baseline, conc), []).append(ratio)
+            tag = f"[pair {rnd + 1}/{plan.pair_rounds}]"
+            _log(f"{tag} {variant} / {baseline} s={conc}: {ratio:.3f}")
 
 
 def _version(cmd: list[str]) -> str:
@@ -340,7 +382,8 @@ def header(plan: Plan, res: Results, quick: bool) -> list[str]:
         f"median of {res.repetitions or plan.repeats} repetition(s), targets interleaved in "
         "rotating order",
         f"- Ratio targets: also {plan.pair_rounds} adjacent pairs each (wrk "
-        f"{plan.pair_seconds:g} s, variant and baseline back to back, order alternating); "
+        f"{plan.pair_seconds:g} s or streams {plan.stream_seconds:g} s, variant and baseline "
+        "back to back, order alternating); "
         "the check reads the median of the pairs' ratios and shows the cells' ratio beside it",
         "- One worker per gateway unless the name says otherwise; added latency = target "
         "minus direct in the same run; CPU ms/req = the target's process tree user+system "
