@@ -10,7 +10,9 @@ for want of work).
 
     .venv/bin/python bench/cpu.py                      # non-streaming, this tree's src/
     .venv/bin/python bench/cpu.py --stream
-    .venv/bin/python bench/cpu.py --stream --messages  # native Messages pass-through
+    .venv/bin/python bench/cpu.py --stream --shape messages-native  # Messages passed through
+    .venv/bin/python bench/cpu.py --stream --shape messages    # Messages bridged to chat
+    .venv/bin/python bench/cpu.py --stream --shape responses   # Responses bridged to chat
     .venv/bin/python bench/cpu.py --src ../old/src     # an older tree, for an A/B
     .venv/bin/python bench/cpu.py --keys               # with a key, limits, budget, spend
     .venv/bin/python bench/cpu.py --keys --redis redis://127.0.0.1:6379/0
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import os
 import statistics
 import sys
@@ -37,6 +40,13 @@ import targets as tg
 from procs import ProcessGroup
 
 CONCURRENCY = 8
+# Per API shape asked: its path, and whether its deployments are Anthropic's (native).
+SHAPES = {
+    "chat": (b"/v1/chat/completions", False),
+    "messages": (b"/v1/messages", False),
+    "messages-native": (b"/v1/messages", True),
+    "responses": (b"/v1/responses", False),
+}
 
 
 def parse_args() -> argparse.Namespace:
@@ -45,9 +55,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--src", type=Path, default=tg.REPO / "src", help="Ballast's src/")
     parser.add_argument("--keys", action="store_true", help="keys, limits, budget and spend")
     parser.add_argument(
-        "--messages",
-        action="store_true",
-        help="Anthropic Messages in, passed through to a Messages upstream (native)",
+        "--shape",
+        choices=sorted(SHAPES),
+        default="chat",
+        help="the API asked: chat; Anthropic Messages bridged to the chat upstream or passed"
+        " through to a Messages upstream (messages-native); Responses bridged to chat",
     )
     parser.add_argument(
         "--redis", metavar="URL", help="with --keys: keep limits and spend in Redis"
@@ -57,8 +69,9 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def scope(body: bytes, key: str, messages: bool) -> dict[str, Any]:
-    path = b"/v1/messages" if messages else b"/v1/chat/completions"
+def scope(body: bytes, key: str, shape: str) -> dict[str, Any]:
+    path = SHAPES[shape][0]
+    messages = path == b"/v1/messages"
     auth = (
         (b"x-api-key", key.encode()) if messages else (b"authorization", b"Bearer " + key.encode())
     )
@@ -82,6 +95,18 @@ def scope(body: bytes, key: str, messages: bool) -> dict[str, Any]:
     }
 
 
+def request_body(model: str, stream: bool, shape: str) -> bytes:
+    """One short question in the shape's own request."""
+    request: dict[str, Any] = {"model": model, "stream": stream}
+    if shape == "responses":
+        request["input"] = "hi"
+    else:
+        request["messages"] = [{"role": "user", "content": "hi"}]
+    if shape.startswith("messages"):
+        request["max_tokens"] = 256
+    return json.dumps(request).encode()
+
+
 async def measure(
     args: argparse.Namespace, config: dict[str, Any], key: str
 ) -> list[tuple[float, float, float]]:
@@ -102,11 +127,7 @@ async def measure(
         tuning.settle_after_startup(app.settings.server.gc_young_threshold)
         break
     model = "bench-stream" if args.stream else "bench-model"
-    body = b'{"model": "%s", "stream": %s, %s"messages": [{"role": "user", "content": "hi"}]}' % (
-        model.encode(),
-        b"true" if args.stream else b"false",
-        b'"max_tokens": 256, ' if args.messages else b"",
-    )
+    body = request_body(model, args.stream, args.shape)
     failures = 0
 
     async def one() -> None:
@@ -128,7 +149,7 @@ async def measure(
             if message["type"] == "http.response.start":
                 status = message["status"]
 
-        await app(scope(body, key, args.messages), receive, send)
+        await app(scope(body, key, args.shape), receive, send)
         failures += status != 200
 
     async def worker(count: int) -> None:
@@ -156,7 +177,7 @@ async def measure(
 
 
 def describe(args: argparse.Namespace) -> str:
-    shape = ", native Messages" if args.messages else ""
+    shape = "" if args.shape == "chat" else f", {args.shape}"
     if not args.keys:
         return "open" + shape
     return "keys+limits+spend" + (", Redis" if args.redis else ", SQLite") + shape
@@ -177,7 +198,7 @@ def main() -> int:
         if args.keys:
             extra = tg.keys_config(workdir, "cpu", args.redis)
             key = tg.create_key(workdir, upstream, extra, args.src.resolve())
-        config = tg.ballast_config(0, upstream, extra, anthropic=args.messages)
+        config = tg.ballast_config(0, upstream, extra, anthropic=SHAPES[args.shape][1])
         phases = uvloop.run(measure(args, config, key))
     finally:
         procs.stop_all()
