@@ -184,7 +184,9 @@ def checks(res: Results, gateway: str = "ballast") -> list[Check]:
 
     def add_ratio(name: str, goal: float, cells: float, variant: str, suffix: str) -> None:
         """A ratio target: the median of its adjacent pairs when measured, else the cells'."""
-        pairs = res.pairs.get((variant, gateway), [])
+        add_paired(name, goal, cells, res.pairs.get((variant, gateway), []), suffix)
+
+    def add_paired(name: str, goal: float, cells: float, pairs: list[float], suffix: str) -> None:
         if not pairs:
             add(name, f">= {goal:g}{suffix}", cells, "{:.2f}" + suffix, cells >= goal)
             return
@@ -209,17 +211,8 @@ def checks(res: Results, gateway: str = "ballast") -> list[Check]:
                 res.stream_cell(variant, conc).streams_per_s,
                 res.stream_cell(gateway, conc).streams_per_s,
             )
-            label = f"streams/s @{conc}: {name}"
             pairs = res.stream_pairs.get((variant, gateway, conc), [])
-            if not pairs:
-                add(label, f">= {goal:g}", cells, "{:.2f}", cells >= goal)
-                continue
-            median = statistics.median(pairs)
-            measured = (
-                f"{median:.2f} (median of {len(pairs)} pairs, "
-                f"{min(pairs):.2f}-{max(pairs):.2f}; cells: {_f(cells)})"
-            )
-            out.append(Check(label, f">= {goal:g}", measured, median >= goal))
+            add_paired(f"streams/s @{conc}: {name}", goal, cells, pairs, "")
 
     r = _ratio(res.cell("ballast-messages", 32).rps, g32.rps)
     add_ratio("req/s @32: Anthropic Messages / chat", 0.80, r, "ballast-messages", "")

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -284,64 +285,71 @@ def measure_pairs(live: list[tg.Target], res: Results, plan: Plan) -> None:
     the speed drifts by several percent within minutes, and two cells of the matrix above
     can be minutes apart; a pair's two runs are seconds apart, so the drift mostly cancels
     in its ratio."""
-    by_name = {t.name: t for t in live}
     for variant, baseline, v_conns, b_conns in PAIRS:
-        for rnd in range(plan.pair_rounds):
-            live = _drop_dead(live, res)
-            names = {t.name for t in live}
-            if variant not in names or baseline not in names:
-                break
-            order = [(baseline, b_conns), (variant, v_conns)]
-            rps: dict[str, float] = {}
-            for name, conns in order if rnd % 2 == 0 else order[::-1]:
-                t = by_name[name]
-                try:
-                    rps[name] = run_wrk(
-                        t.url, conns, plan.pair_seconds, t.key, t.shape, t.headers
-                    ).rps
-                except _RUN_ERRORS as exc:
-                    res.failed[name] = f"paired wrk at {conns} connections: {exc}".splitlines()[0]
-                    break
-                wait_idle(t.pid)
-            if len(rps) == 2 and rps[baseline]:
-                ratio = rps[variant] / rps[baseline]
-                res.pairs.setdefault((variant, baseline), []).append(ratio)
-                _log(f"[pair {rnd + 1}/{plan.pair_rounds}] {variant} / {baseline}: {ratio:.3f}")
+        live = _drop_dead(live, res)
+        rate = _wrk_rate(plan, {variant: v_conns, baseline: b_conns})
+        ratios = _paired(live, res, plan, variant, baseline, rate, f"wrk @{v_conns}")
+        res.pairs.setdefault((variant, baseline), []).extend(ratios)
     for variant, baseline in STREAM_PAIRS:
         for conc in res.concurrencies:
-            _stream_pairs(by_name, variant, baseline, conc, res, plan)
+            live = _drop_dead(live, res)
+            rate = _stream_rate(plan, conc)
+            ratios = _paired(live, res, plan, variant, baseline, rate, f"streams @{conc}")
+            res.stream_pairs.setdefault((variant, baseline, conc), []).extend(ratios)
 
 
-def _stream_pairs(
-    by_name: dict[str, tg.Target],
-    variant: str,
-    baseline: str,
-    conc: int,
+def _wrk_rate(plan: Plan, conns: dict[str, int]) -> Callable[[tg.Target], float]:
+    """A target's req/s at its connections in `conns`, for one pair."""
+
+    def rate(t: tg.Target) -> float:
+        return run_wrk(t.url, conns[t.name], plan.pair_seconds, t.key, t.shape, t.headers).rps
+
+    return rate
+
+
+def _stream_rate(plan: Plan, conc: int) -> Callable[[tg.Target], float]:
+    """A target's streams/s at `conc` concurrent, for one pair."""
+
+    def rate(t: tg.Target) -> float:
+        return run_streams(
+            t.stream_url, conc, plan.stream_seconds, t.key, t.shape, t.stream_headers
+        ).streams_per_s
+
+    return rate
+
+
+def _paired(
+    live: list[tg.Target],
     res: Results,
     plan: Plan,
-) -> None:
-    """`measure_pairs` for a streamed ratio: streams/s of the two, back to back."""
+    variant: str,
+    baseline: str,
+    rate: Callable[[tg.Target], float],
+    what: str,
+) -> list[float]:
+    """`plan.pair_rounds` adjacent pairs of `rate` (a target's req/s or streams/s): the
+    variant's over its baseline's, one per pair."""
+    by_name = {t.name: t for t in live}
+    ratios: list[float] = []
     for rnd in range(plan.pair_rounds):
-        live = _drop_dead(list(by_name.values()), res)
+        live = _drop_dead(live, res)
         if {variant, baseline} - {t.name for t in live}:
-            return
+            break
         order = [baseline, variant]
         rates: dict[str, float] = {}
         for name in order if rnd % 2 == 0 else order[::-1]:
             t = by_name[name]
             try:
-                rates[name] = run_streams(
-                    t.stream_url, conc, plan.stream_seconds, t.key, t.shape, t.stream_headers
-                ).streams_per_s
+                rates[name] = rate(t)
             except _RUN_ERRORS as exc:
-                res.failed[name] = f"paired streams at {conc}: {exc}".splitlines()[0]
-                return
+                res.failed[name] = f"paired {what}: {exc}".splitlines()[0]
+                return ratios
             wait_idle(t.pid)
         if rates[baseline]:
-            ratio = rates[variant] / rates[baseline]
-            res.stream_pairs.setdefault((variant, baseline, conc), []).append(ratio)
+            ratios.append(rates[variant] / rates[baseline])
             tag = f"[pair {rnd + 1}/{plan.pair_rounds}]"
-            _log(f"{tag} {variant} / {baseline} s={conc}: {ratio:.3f}")
+            _log(f"{tag} {variant} / {baseline} ({what}): {ratios[-1]:.3f}")
+    return ratios
 
 
 def _version(cmd: list[str]) -> str:
