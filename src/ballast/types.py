@@ -55,3 +55,10 @@ class BodyWriter(Protocol):
     def uncork(self) -> None:
         """Write what was held, at once, and write through again."""
         ...
+
+    def on_disconnect(self, callback: Callable[[], None] | None) -> bool:
+        """Call `callback` once, from the server's own callback, when the client's
+        connection is lost (None: no longer): the app learns of a client that left without
+        a task waiting on `receive` or a timer per request. False when the client is
+        already gone; nothing is registered then."""
+        ...

@@ -7,7 +7,16 @@ import asyncio
 
 from ballast.pipeline.errors import ApiError
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
-from ballast.types import BODY_WRITER, WRITE_TIMED_OUT, Handler, Message, Receive, Scope, Send
+from ballast.types import (
+    BODY_WRITER,
+    WRITE_TIMED_OUT,
+    BodyWriter,
+    Handler,
+    Message,
+    Receive,
+    Scope,
+    Send,
+)
 
 __all__ = ["WRITE_TIMED_OUT", "Handler", "Message", "Receive", "Scope", "Send"]
 
@@ -136,20 +145,37 @@ WATCH_AFTER = 0.05
 
 class DisconnectWatch:
     """Cancels the handler's task when the client disconnects, so an upstream request made
-    for nobody is dropped at once (no tokens generated for nobody). The watching task starts
-    only after `delay` seconds on `clock`, so a quick answer never pays for one."""
+    for nobody is dropped at once (no tokens generated for nobody). Under Ballast's server
+    the connection itself says so (the body `writer`'s `on_disconnect`): no timer, no task.
+    Under another server a watching task reads `receive`, started only after `delay`
+    seconds on `clock`, so a quick answer never pays for one."""
 
-    __slots__ = ("_receive", "_stopped", "_task", "_timer", "_watcher", "fired")
+    __slots__ = ("_receive", "_stopped", "_task", "_timer", "_watcher", "_writer", "fired")
 
     def __init__(
-        self, receive: Receive, clock: Clock = SYSTEM_CLOCK, delay: float = WATCH_AFTER
+        self,
+        receive: Receive,
+        clock: Clock = SYSTEM_CLOCK,
+        delay: float = WATCH_AFTER,
+        writer: BodyWriter | None = None,
     ) -> None:
         self.fired = False
         self._stopped = False
         self._receive = receive
         self._task = asyncio.current_task()
         self._watcher: asyncio.Task[None] | None = None
-        self._timer: Timer | None = clock.call_later(delay, self._start)
+        self._timer: Timer | None = None
+        self._writer: BodyWriter | None = None
+        if writer is not None and writer.on_disconnect(self._gone):
+            self._writer = writer
+        else:
+            self._timer = clock.call_later(delay, self._start)
+
+    def _gone(self) -> None:
+        if not self._stopped:
+            self.fired = True
+            if self._task is not None:
+                self._task.cancel()
 
     def _start(self) -> None:
         self._timer = None
@@ -161,15 +187,16 @@ class DisconnectWatch:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if self._stopped:
-                    return
-                self.fired = True
-                if self._task is not None:
-                    self._task.cancel()
+                self._gone()
                 return
 
     def stop(self) -> None:
+        """Idempotent; it must run however the request ends: a writer's callback holds
+        this watch, which holds the connection's `receive` (a cycle until then)."""
         self._stopped = True
+        if self._writer is not None:
+            self._writer.on_disconnect(None)
+            self._writer = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

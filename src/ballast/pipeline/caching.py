@@ -178,7 +178,9 @@ class Cache:
         assert ctx is not None and group is not None and group.cache is not None
         assert cache is not None
         # Waiting on an identical request already upstream is waiting too: watch the client.
-        flow.watch = watch = DisconnectWatch(flow.receive, self.pipeline.clock)
+        flow.watch = watch = DisconnectWatch(
+            flow.receive, self.pipeline.clock, writer=flow.responder.writer
+        )
         responder = flow.responder
         ctx.lookup = lookup = await cache.lookup(
             ctx.path,

@@ -45,7 +45,9 @@ class Dispatch:
         assert ctx is not None and group is not None, "dispatch runs after resolve"
         watch = flow.watch
         if watch is None:
-            flow.watch = watch = DisconnectWatch(flow.receive, self.pipeline.clock)
+            flow.watch = watch = DisconnectWatch(
+                flow.receive, self.pipeline.clock, writer=flow.responder.writer
+            )
         if ctx.stream:
             return self._stream(ctx, group, flow.responder, watch)
         return self._complete(ctx, group, flow.responder, watch)

@@ -55,6 +55,8 @@ class Guard:
                 task.uncancel()
             self._client_gone(flow)
         finally:
+            if flow.watch is not None:
+                flow.watch.stop()
             ctx = flow.ctx
             if ctx is not None:
                 if not ctx.settled:

@@ -6,12 +6,17 @@ holding a connection and a growing buffer for as long as it likes.
 The deadline is on the app's clock (`configure`), so a test moves it without waiting. Cost on
 the hot path: a clock read and two flags per request (the connection's one timer is
 re-armed about once per `header_timeout`, not per request); one length check per read while
-headers are pending."""
+headers are pending.
+
+The request's body writer (`CycleBodyWriter`, in the scope) is the app's seam to the
+connection: a fast body write, and the news that the client left (`on_disconnect`), told
+from `connection_lost` itself."""
 
 from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Callable
 from typing import cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -43,10 +48,11 @@ class CycleBodyWriter:
     The writer lives in the scope the cycle holds, so it holds the cycle weakly: a strong
     reference back would make every request a reference cycle, left for the collector."""
 
-    __slots__ = ("_cycle",)
+    __slots__ = ("_cycle", "_gone")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = weakref.ref(cycle)
+        self._gone: Callable[[], None] | None = None
 
     @property
     def open(self) -> bool:
@@ -88,6 +94,22 @@ class CycleBodyWriter:
             corked = cycle.transport
             cycle.transport = corked.transport
             corked.flush()
+
+    def on_disconnect(self, callback: Callable[[], None] | None) -> bool:
+        if callback is None:
+            self._gone = None
+            return True
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected:
+            return False
+        self._gone = callback
+        return True
+
+    def lost(self) -> None:
+        """The client's connection is gone: the registered callback runs (once)."""
+        callback, self._gone = self._gone, None
+        if callback is not None:
+            callback()
 
 
 class _Corked:
@@ -161,7 +183,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._write_timer is not None:
             self._write_timer.cancel()
             self._write_timer = None
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None:
+            writer = cycle.scope.get(BODY_WRITER)
+            if isinstance(writer, CycleBodyWriter):
+                writer.lost()
 
     # A client that stops reading: uvicorn's `send` waits while the transport is paused
     # (its buffer full), which pauses the stream and, with it, the upstream's reads. Paused

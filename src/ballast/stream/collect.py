@@ -12,7 +12,7 @@ from ballast.resilience.clock import Clock
 from ballast.resilience.deadline import Watchdog
 from ballast.resilience.failures import Failure
 from ballast.stream.event import StreamEvent
-from ballast.stream.exchange import UpstreamStream, stream_of
+from ballast.stream.exchange import UpstreamStream, is_stream, stream_of
 from ballast.upstream.answer import Reply, answer_head, reply_of, too_large
 from ballast.upstream.client import Upstream, UpstreamRequest
 from ballast.upstream.http1 import HttpError, Response, TooLarge
@@ -34,8 +34,7 @@ async def collect(
     path, wire, until = request.path, request.wire, request.until
     first = min(now + upstream.timeouts.first_token, until)
     response, watchdog = await answer_head(upstream, request, clock, first)
-    stream_type = b"text/event-stream" if wire is None else wire.stream_type.encode()
-    if not _is_stream(response, stream_type):
+    if not is_stream(response, wire):
         return await _whole(
             response, watchdog, upstream, path, min(until, now + upstream.timeouts.answer), wire
         )
@@ -99,12 +98,3 @@ async def _read(stream: UpstreamStream, first: float, limit: int) -> list[Stream
             events.clear()
             raise TooLarge(f"a streamed answer past {limit} bytes")
     return events
-
-
-def _is_stream(response: Response, stream_type: bytes) -> bool:
-    """Whether the answer is a stream, read off the raw headers (building the
-    case-insensitive view of every header costs more than this one look)."""
-    for name, value in response.raw_headers:
-        if len(name) == 12 and name.lower() == b"content-type":
-            return stream_type in value
-    return False

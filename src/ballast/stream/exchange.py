@@ -24,7 +24,7 @@ from ballast.stream.state import StreamState
 from ballast.upstream.answer import answer_head
 from ballast.upstream.client import Upstream, UpstreamRequest, relay_headers
 from ballast.upstream.http1 import HttpError, Response
-from ballast.upstream.provider_wire import Decoder
+from ballast.upstream.provider_wire import Decoder, Wire
 from ballast.upstream.sse import EventTooLarge, SseSplitter
 
 # Buffered bytes of an event stream at which its socket stops being read. A stream's reader
@@ -333,6 +333,11 @@ def stream_of(
     return stream
 
 
+def is_stream(response: Response, wire: Wire | None) -> bool:
+    """Whether the answer is an event stream in the wire's framing (its content type)."""
+    return ("text/event-stream" if wire is None else wire.stream_type) in response.content_type
+
+
 async def open_stream(
     upstream: Upstream, request: UpstreamRequest, clock: Clock
 ) -> tuple[UpstreamStream, list[StreamEvent]]:
@@ -343,13 +348,12 @@ async def open_stream(
     until, wire = request.until, request.wire
     deadline = min(clock.monotonic() + upstream.timeouts.first_token, until)
     response, watchdog = await answer_head(upstream, request, clock, deadline)
-    content_type = response.headers.get("content-type") or ""
-    if ("text/event-stream" if wire is None else wire.stream_type) not in content_type:
+    if not is_stream(response, wire):
         watchdog.close()
         response.close()
         raise Failure(
             failures.BAD_RESPONSE,
-            f"expected an event stream, got {content_type or 'nothing'}",
+            f"expected an event stream, got {response.content_type or 'nothing'}",
             deployment=upstream.id,
         )
     stream = stream_of(upstream, request, response, clock, watchdog)

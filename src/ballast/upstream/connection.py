@@ -127,6 +127,8 @@ class _Connection(asyncio.Protocol):
                 framed = True
             elif lowered == b"content-encoding":
                 coding = value.strip().lower()
+            elif lowered == b"content-type":
+                response.content_type = value.decode("latin-1")
         if not framed and status not in (204, 304):
             response._until_eof = True
             response.keep_alive = False

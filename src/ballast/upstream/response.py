@@ -67,6 +67,7 @@ class Response:
         "_waiter",
         "complete",
         "consumer",
+        "content_type",
         "headers_done",
         "high_water",
         "keep_alive",
@@ -85,6 +86,7 @@ class Response:
         self.complete = False
         self.keep_alive = False
         self.length = -1  # the content-length the answer announced, -1 when it did not
+        self.content_type = ""  # as the answer gave it (read with the framing headers)
         self._until_eof = False
         self._chunks: deque[bytes] = deque()
         self._buffered = 0

@@ -34,6 +34,9 @@ class Writer:
     def uncork(self) -> None:
         self.corked = False
 
+    def on_disconnect(self, callback: object) -> bool:
+        return False
+
 
 class Clock:
     def __init__(self) -> None:

@@ -12,6 +12,7 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
+from ballast.pipeline.asgi import DisconnectWatch
 from ballast.resilience.clock import ManualClock
 from ballast.server.protocol import GuardedHttpToolsProtocol
 from ballast.types import BODY_WRITER, WRITE_TIMED_OUT, Receive, Scope, Send
@@ -184,3 +185,47 @@ async def test_a_corked_answer_leaves_in_one_write_and_closes_after_it() -> None
         server.close()
     assert answers.count(b"HTTP/1.1 200 ") == 2 and answers.endswith(b"\r\n\r\nok")
     assert writes == [1, 1]
+
+
+async def test_a_client_that_leaves_is_told_to_the_app_by_its_connection() -> None:
+    """The app waits upstream with a disconnect watch on the request's body writer; the
+    client hangs up. The connection's own `connection_lost` cancels the app's task: the
+    manual clock never moves, so no timer-started watching task could have."""
+    clock = ManualClock()
+    seen: dict[str, object] = {}
+    waiting = asyncio.Event()
+
+    async def waits(scope: Scope, receive: Receive, send: Send) -> None:
+        watch = DisconnectWatch(receive, clock, writer=scope[BODY_WRITER])
+        try:
+            waiting.set()
+            await asyncio.Event().wait()  # an upstream that never answers
+        except asyncio.CancelledError:
+            seen["fired"] = watch.fired  # as the guard stage does: a client gone, not an error
+        finally:
+            watch.stop()
+
+    protocol = type("Protocol", (GuardedHttpToolsProtocol,), {})
+    protocol.configure(60.0, 8192, clock)  # type: ignore[attr-defined]
+    config = Config(waits, lifespan="off", log_level="warning", access_log=False)
+    config.load()
+    state = ServerState()
+    server = await asyncio.get_running_loop().create_server(
+        lambda: protocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
+    )
+    try:
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        await asyncio.wait_for(waiting.wait(), 5)
+        writer.close()
+        for _ in range(200):
+            if "fired" in seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen["fired"] is True
+        # Nor was a watching task's timer armed (the header timer is a minute out).
+        assert not [when for when in clock.pending if when < clock.monotonic() + 1]
+    finally:
+        server.close()
