@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import orjson
@@ -17,6 +18,8 @@ from ballast.upstream.answer import Reply, answer_head, reply_of, too_large
 from ballast.upstream.client import Upstream, UpstreamRequest
 from ballast.upstream.http1 import HttpError, Response, TooLarge
 from ballast.upstream.provider_wire import Wire
+
+_UNGUARDED = nullcontext()
 
 
 async def collect(
@@ -63,8 +66,9 @@ async def _whole(
 ) -> Reply:
     """An answer that came whole though a stream was asked for, read by `deadline`."""
     try:
-        # The stream's one timer guards the whole answer's read instead.
-        with watchdog.until(deadline):
+        # The stream's one timer guards the whole answer's read instead, unless the answer
+        # came with its head (a short one, the usual case): reading it waits for nothing.
+        with _UNGUARDED if response.complete else watchdog.until(deadline):
             data = await response.read(max_size=upstream.answer_limit(path))
     except TooLarge:
         raise too_large(upstream, path) from None
