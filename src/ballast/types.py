@@ -56,6 +56,12 @@ class BodyWriter(Protocol):
         """Write what was held, at once, and write through again."""
         ...
 
+    def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """A whole response (`headers` give the body's content-length) written at once, as
+        `send` would write it, and the request's cycle ended; False when it must go through
+        `send` after all (nothing is written then)."""
+        ...
+
     def on_disconnect(self, callback: Callable[[], None] | None) -> bool:
         """Call `callback` once, from the server's own callback, when the client's
         connection is lost (None: no longer): the app learns of a client that left without

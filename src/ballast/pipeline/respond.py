@@ -181,6 +181,8 @@ class Responder:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
+        if writer.answer(status, headers, body):  # head and body at once, past `send`
+            return
         writer.cork()  # the head and the body in one write
         try:
             await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -37,6 +37,9 @@ class Writer:
     def on_disconnect(self, callback: object) -> bool:
         return False
 
+    def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        return False
+
 
 class Clock:
     def __init__(self) -> None:
