@@ -6,6 +6,10 @@ sees the same drift on both sides.
 
     git worktree add /tmp/base <commit>
     .venv/bin/python bench/ab.py --base-src /tmp/base/src [--pairs 6] [--seconds 4]
+    .venv/bin/python bench/ab.py --base-src /tmp/base/src --stream --connections 8
+
+`--stream`: streams/s of streamed chat completions (bench/stream_client.py) instead of
+wrk's short requests.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import yaml
 import targets as tg
 from load import run_wrk
 from procs import ProcessGroup, free_port, signals_as_interrupt
+from run import run_streams
 
 REPO_SRC = tg.REPO / "src"
 
@@ -52,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--stream", action="store_true", help="streams/s, not short requests")
     args = parser.parse_args(argv)
     procs = ProcessGroup()
     with tempfile.TemporaryDirectory() as tmp, signals_as_interrupt():
@@ -66,15 +72,22 @@ def _compare(procs: ProcessGroup, workdir: Path, args: argparse.Namespace) -> in
     sources = {"base": args.base_src.resolve(), "this": args.this_src.resolve()}
     order = ["this", "base"] if args.this_first else ["base", "this"]
     urls = {name: _start(procs, workdir, upstream, name, sources[name]) for name in order}
+    unit = "streams/s" if args.stream else "req/s"
+
+    def rate(url: str, seconds: float) -> float:
+        if args.stream:
+            return run_streams(url, args.connections, seconds).streams_per_s
+        return run_wrk(url, args.connections, seconds).rps
+
     for url in urls.values():  # warm both before measuring
-        run_wrk(url, args.connections, 1)
+        rate(url, 1)
     ratios = []
     for i in range(args.pairs):
         order = ["this", "base"] if i % 2 == 0 else ["base", "this"]
-        rps = {n: run_wrk(urls[n], args.connections, args.seconds).rps for n in order}
+        rps = {n: rate(urls[n], args.seconds) for n in order}
         ratios.append(rps["this"] / rps["base"])
         print(
-            f"pair {i + 1}: this {rps['this']:,.0f} base {rps['base']:,.0f} req/s "
+            f"pair {i + 1}: this {rps['this']:,.0f} base {rps['base']:,.0f} {unit} "
             f"ratio {ratios[-1]:.3f}",
             flush=True,
         )

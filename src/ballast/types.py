@@ -56,6 +56,12 @@ class BodyWriter(Protocol):
         """Write what was held, at once, and write through again."""
         ...
 
+    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> bool:
+        """A response's head written at once, as `send` would write it (a stream's: its
+        body then follows by `write` or `send`); False when it must go through `send`
+        after all (nothing is written then)."""
+        ...
+
     def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """A whole response (`headers` give the body's content-length) written at once, as
         `send` would write it, and the request's cycle ended; False when it must go through

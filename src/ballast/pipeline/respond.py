@@ -167,7 +167,10 @@ class Responder:
                     self.stream_error = True
         else:
             self.started = True
-            self.status = message["status"]
+            self.status = status = message["status"]
+            writer = self.writer
+            if writer is not None and writer.start(status, message.get("headers", [])):
+                return _NOTHING  # the head went out at once, past `send`
         return self._send(message)
 
     async def answer(self, status: int, headers: Headers, body: bytes) -> None:

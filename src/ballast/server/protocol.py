@@ -8,28 +8,19 @@ the hot path: a clock read and two flags per request (the connection's one timer
 re-armed about once per `header_timeout`, not per request); one length check per read while
 headers are pending.
 
-The request's body writer (`CycleBodyWriter`, in the scope) is the app's seam to the
-connection: a fast body write, and the news that the client left (`on_disconnect`), told
-from `connection_lost` itself."""
+Each request's cycle gets its body writer (writer.py), the app's seam to the connection;
+`connection_lost` tells it the client left."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import weakref
-from collections.abc import Callable
 from typing import cast
 
-from uvicorn.protocols.http.httptools_impl import (
-    HEADER_RE,
-    HEADER_VALUE_RE,
-    STATUS_LINE,
-    HttpToolsProtocol,
-    RequestResponseCycle,
-)
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ballast.resilience.clock import SYSTEM_CLOCK, Clock, Timer
 from ballast.resilience.failures import openai_error_body
+from ballast.server.writer import CycleBodyWriter
 from ballast.types import BODY_WRITER, WRITE_TIMED_OUT
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
@@ -46,165 +37,6 @@ def _raw_error(status: int, message: str, code: str) -> bytes:
             body,
         ]
     )
-
-
-class CycleBodyWriter:
-    """`types.BodyWriter` over one uvicorn request cycle: the chunk framing and the flow
-    control of the cycle's own `send`, as a plain call (`send` is a coroutine per chunk).
-
-    The writer lives in the scope the cycle holds, so it holds the cycle weakly: a strong
-    reference back would make every request a reference cycle, left for the collector."""
-
-    __slots__ = ("_cycle", "_gone")
-
-    def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = weakref.ref(cycle)
-        self._gone: Callable[[], None] | None = None
-
-    @property
-    def open(self) -> bool:
-        cycle = self._cycle()
-        return (
-            cycle is not None
-            and cycle.response_started
-            and cycle.chunked_encoding is True
-            and not cycle.response_complete
-            and not cycle.disconnected
-            and cycle.scope["method"] != "HEAD"
-        )
-
-    @property
-    def body_complete(self) -> bool:
-        cycle = self._cycle()
-        return cycle is not None and cycle.more_body is False
-
-    def write(self, body: bytes) -> bool:
-        cycle = self._cycle()
-        if cycle is None or cycle.disconnected:
-            return False
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
-        return not cycle.flow.write_paused
-
-    async def drain(self) -> None:
-        cycle = self._cycle()
-        if cycle is not None and cycle.flow.write_paused and not cycle.disconnected:
-            await cycle.flow.drain()
-
-    def cork(self) -> None:
-        cycle = self._cycle()
-        if cycle is not None and not isinstance(cycle.transport, _Corked):
-            cycle.transport = _Corked(cycle.transport)  # type: ignore[assignment]
-
-    def uncork(self) -> None:
-        cycle = self._cycle()
-        if cycle is not None and isinstance(cycle.transport, _Corked):
-            corked = cycle.transport
-            cycle.transport = corked.transport
-            corked.flush()
-
-    def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
-        cycle = self._cycle()
-        if (
-            cycle is None
-            or cycle.response_started
-            or cycle.disconnected
-            or cycle.flow.write_paused
-            or cycle.scope["method"] == "HEAD"
-            or (cycle.access_log and cycle.access_logger.isEnabledFor(logging.INFO))
-        ):
-            return False  # uvicorn's `send` writes it (and its access line)
-        made = _head(status, cycle.default_headers + headers, len(body), cycle.keep_alive)
-        if made is None:
-            return False  # uvicorn's `send` refuses it, or frames it otherwise
-        head, cycle.keep_alive = made
-        # As uvicorn's `send` leaves a cycle whose head and body went out, the body's length
-        # as its content-length said.
-        cycle.response_started = True
-        cycle.waiting_for_100_continue = False
-        cycle.chunked_encoding = False
-        cycle.expected_content_length = 0
-        cycle.transport.write(head + body)
-        cycle.response_complete = True
-        cycle.message_event.set()
-        if not cycle.keep_alive:
-            cycle.transport.close()
-        cycle.on_response()
-        return True
-
-    def on_disconnect(self, callback: Callable[[], None] | None) -> bool:
-        if callback is None:
-            self._gone = None
-            return True
-        cycle = self._cycle()
-        if cycle is None or cycle.disconnected:
-            return False
-        self._gone = callback
-        return True
-
-    def lost(self) -> None:
-        """The client's connection is gone: the registered callback runs (once)."""
-        callback, self._gone = self._gone, None
-        if callback is not None:
-            callback()
-
-
-def _head(
-    status: int, headers: list[tuple[bytes, bytes]], length: int, keep_alive: bool
-) -> tuple[bytes, bool] | None:
-    """The head uvicorn's `send` writes for a `length`-byte body framed by its
-    content-length, and whether the connection stays open after it, built in one pass:
-    every name, then every value, checked by one search where uvicorn searches twice per
-    header. None when uvicorn would refuse the headers or frame the body otherwise."""
-    if HEADER_RE.search(b"".join([name for name, _ in headers])):
-        return None
-    if HEADER_VALUE_RE.search(b"".join([value for _, value in headers])):
-        return None
-    content = [STATUS_LINE[status]]
-    declared = None
-    closes = False
-    for name, value in headers:
-        name = name.lower()
-        if name == b"content-length":
-            if declared is None:
-                declared = value
-        elif name == b"transfer-encoding":
-            if value.lower() == b"chunked":
-                return None
-        elif name == b"connection":
-            if b"close" in [token.lower().strip() for token in value.split(b",")]:
-                keep_alive = False
-                closes = True
-        content.extend((name, b": ", value, b"\r\n"))
-    if declared is None or not declared.isdigit() or int(declared) != length:
-        return None
-    if not keep_alive and not closes:
-        content.append(b"connection: close\r\n")
-    content.append(b"\r\n")
-    return b"".join(content), keep_alive
-
-
-class _Corked:
-    """A cycle's transport that holds its writes; anything else asked of it (closing it, its
-    extra info) first writes what it holds, then is the real transport's."""
-
-    __slots__ = ("parts", "transport")
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
-        self.parts: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.parts.append(data)
-
-    def flush(self) -> None:
-        parts = self.parts
-        if parts:
-            self.parts = []
-            self.transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
-
-    def __getattr__(self, name: str) -> object:
-        self.flush()
-        return getattr(self.transport, name)
 
 
 class _HeadersTooLarge(Exception):

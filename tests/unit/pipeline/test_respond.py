@@ -40,6 +40,9 @@ class Writer:
     def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         return False
 
+    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> bool:
+        return False
+
 
 class Clock:
     def __init__(self) -> None:

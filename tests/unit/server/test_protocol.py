@@ -10,13 +10,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from ballast.pipeline.asgi import DisconnectWatch
 from ballast.resilience.clock import ManualClock
 from ballast.server.protocol import GuardedHttpToolsProtocol
-from ballast.types import BODY_WRITER, WRITE_TIMED_OUT, Handler, Receive, Scope, Send
+from ballast.types import BODY_WRITER, WRITE_TIMED_OUT, Receive, Scope, Send
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -230,66 +229,3 @@ async def test_a_client_that_leaves_is_told_to_the_app_by_its_connection() -> No
         assert not [when for when in clock.pending if when < clock.monotonic() + 1]
     finally:
         server.close()
-
-
-async def _raw_answer(protocol: type[HttpToolsProtocol], app: Handler, request: bytes) -> bytes:
-    """The bytes a server of `protocol` answers `request` with, up to its close."""
-    config = Config(app, lifespan="off", log_level="critical", access_log=False, date_header=False)
-    config.load()
-    state = ServerState()
-    server = await asyncio.get_running_loop().create_server(
-        lambda: protocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
-    )
-    try:
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request)
-        answer = await asyncio.wait_for(reader.read(), 5)
-        writer.close()
-        return answer
-    finally:
-        server.close()
-
-
-@pytest.mark.parametrize(
-    ("headers", "method"),
-    [
-        ([(b"Content-Type", b"application/json"), (b"content-length", b"2")], b"POST"),
-        ([(b"x-request-id", b"r-1"), (b"Connection", b"keep-alive, Close")], b"POST"),
-        ([(b"x-tab", b"a\tb"), (b"content-length", b"2"), (b"content-length", b"9")], b"POST"),
-        ([(b"content-length", b"2"), (b"transfer-encoding", b"Chunked")], b"POST"),
-        ([(b"content-length", b"3")], b"POST"),  # not the body's length
-        ([(b"content-length", b"2")], b"HEAD"),
-        ([], b"POST"),  # no length: uvicorn chunks it
-        ([(b"bad name", b"x"), (b"content-length", b"2")], b"POST"),  # refused
-        ([(b"x-split", b"a\r\nx-injected: 1"), (b"content-length", b"2")], b"POST"),
-    ],
-)
-async def test_a_whole_answer_written_at_once_is_what_uvicorn_sends(
-    headers: list[tuple[bytes, bytes]], method: bytes
-) -> None:
-    """A whole answer through the body writer (`answer`: its head built in one pass, head
-    and body in one write, the cycle ended) against the same answer through uvicorn's own
-    `send`: byte for byte the same, on a kept-alive connection whose next request is served
-    too, and on one the client closes; headers uvicorn refuses never go out."""
-
-    def app(fast: bool) -> Handler:
-        async def answer(scope: Scope, receive: Receive, send: Send) -> None:
-            await receive()
-            writer = scope.get(BODY_WRITER)
-            if fast and writer is not None and writer.answer(200, list(headers), b"ok"):
-                return
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": b"ok"})
-
-        return answer
-
-    one = method + b" / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n"
-    last = method + b" / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-    ours = type("Protocol", (GuardedHttpToolsProtocol,), {})
-    ours.configure(60.0, 8192, ManualClock())  # type: ignore[attr-defined]
-    for request in (last, one + last):
-        expected = await _raw_answer(HttpToolsProtocol, app(False), request)
-        assert await _raw_answer(ours, app(True), request) == expected
-    refused = any(b" " in name or b"\n" in value for name, value in headers)
-    assert expected == b"" if refused else expected.startswith(b"HTTP/1.1 200 OK\r\n")
