@@ -33,7 +33,14 @@ REPO_SRC = tg.REPO / "src"
 def _start(procs: ProcessGroup, workdir: Path, upstream: tg.Upstream, name: str, src: Path) -> str:
     port = free_port()
     conf = workdir / f"{name}.yaml"
-    conf.write_text(yaml.safe_dump(tg.ballast_config(port, upstream, None), sort_keys=False))
+    # Each tree its own database and journal: an older tree cannot open a database a newer
+    # one migrated, and the default ones are in the directory the bench is run from.
+    state = {
+        "database_url": f"sqlite+aiosqlite:///{workdir / name}.db",
+        "spend_journal": str(workdir / f"{name}-spend.journal"),
+    }
+    config = tg.ballast_config(port, upstream, {"state": state})
+    conf.write_text(yaml.safe_dump(config, sort_keys=False))
     cmd = [sys.executable, "-m", "ballast", "serve", "--config", str(conf)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     cmd += ["--log-level", "warning"]
