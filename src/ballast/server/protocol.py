@@ -61,6 +61,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _headers_since: float = 0.0
     _headers_pending: bool = False
 
+    _idle_timer: Timer | None = None
+    _idle_since: float | None = None  # when the last response ended; None: a request is on
+
     @classmethod
     def configure(
         cls,
@@ -80,6 +83,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._headers_pending = False
+        self._idle_since = None
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
@@ -118,6 +125,37 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None:
             cast(dict[str, object], cycle.scope)[WRITE_TIMED_OUT] = True
         self.transport.abort()
+
+    # A kept-alive connection idle for `timeout_keep_alive` is closed, as uvicorn closes it,
+    # on the app's clock and by the connection's one timer, armed only when none is: uvicorn
+    # arms a timer at the end of every response and cancels it when the next request comes.
+
+    def on_response_complete(self) -> None:
+        if self.pipeline or self.transport.is_closing():
+            super().on_response_complete()  # a pipelined request starts; or nothing does
+            return
+        # uvicorn's own steps, its timer left out.
+        self.server_state.total_requests += 1
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        self._idle_since = self.clock.monotonic()
+        if self._idle_timer is None:
+            self._idle_timer = self.clock.call_later(self.timeout_keep_alive, self._check_idle)
+
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_since = None
+        super()._unset_keepalive_if_required()
+
+    def _check_idle(self) -> None:
+        self._idle_timer = None
+        since = self._idle_since
+        if since is None:
+            return  # a request is on: the end of its response arms the timer again
+        left = since + self.timeout_keep_alive - self.clock.monotonic()
+        if left > 0:  # idle since after the timer was armed: wait out its own time
+            self._idle_timer = self.clock.call_later(left, self._check_idle)
+            return
+        self.timeout_keep_alive_handler()
 
     def _begin_headers(self) -> None:
         """A request's headers start arriving. The connection's one timer is armed only when

@@ -32,7 +32,10 @@ async def served() -> AsyncIterator[Served]:
     clock = ManualClock()
     protocol = type("Protocol", (GuardedHttpToolsProtocol,), {})
     protocol.configure(60.0, 8192, clock)  # type: ignore[attr-defined]  # on the subclass: the shared class stays as it is
-    config = Config(app, lifespan="off", log_level="warning", access_log=False)
+    # Kept alive far longer than the header timeout: a pause between requests is not late.
+    config = Config(
+        app, lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=600
+    )
     config.load()
     state = ServerState()
     server = await asyncio.get_running_loop().create_server(
@@ -228,4 +231,38 @@ async def test_a_client_that_leaves_is_told_to_the_app_by_its_connection() -> No
         # Nor was a watching task's timer armed (the header timer is a minute out).
         assert not [when for when in clock.pending if when < clock.monotonic() + 1]
     finally:
+        server.close()
+
+
+async def test_an_idle_kept_alive_connection_is_closed_on_the_clock_by_one_timer() -> None:
+    """A connection idle for `timeout_keep_alive` is closed when the manual clock passes
+    it, not before, and one served request after another does not arm a timer each: the
+    connection keeps one for its idle time (and one for its headers)."""
+    clock = ManualClock()
+    protocol = type("Protocol", (GuardedHttpToolsProtocol,), {})
+    protocol.configure(60.0, 8192, clock)  # type: ignore[attr-defined]
+    config = Config(app, lifespan="off", log_level="warning", access_log=False)
+    config.timeout_keep_alive = 5
+    config.load()
+    state = ServerState()
+    server = await asyncio.get_running_loop().create_server(
+        lambda: protocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        for _ in range(20):
+            writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert await asyncio.wait_for(reader.readexactly(2), 5) == b"ok"
+            clock.advance(1.0)  # 20 s in all, each pause shorter than the idle timeout
+            await turns()
+        assert len(clock.pending) <= 2
+        clock.advance(3.8)  # idle 4.8 s since the last answer: the timer waits out the rest
+        await turns()
+        with pytest.raises(TimeoutError):  # still open: nothing arrives, no end of file
+            await asyncio.wait_for(reader.read(1), 0.02)
+        clock.advance(0.3)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+    finally:
+        writer.close()
         server.close()
