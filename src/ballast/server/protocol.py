@@ -8,6 +8,9 @@ the hot path: a clock read and two flags per request (the connection's one timer
 re-armed about once per `header_timeout`, not per request); one length check per read while
 headers are pending.
 
+A kept-alive connection's idle timeout (`timeout_keep_alive`) runs on the same clock and the
+same way, one timer per connection; uvicorn arms one at the end of every response.
+
 Each request's cycle gets its body writer (writer.py), the app's seam to the connection;
 `connection_lost` tells it the client left."""
 
