@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 from uvicorn.config import Config
-from uvicorn.server import ServerState
 
 from ballast.pipeline.asgi import DisconnectWatch
 from ballast.resilience.clock import ManualClock
 from ballast.server.protocol import GuardedHttpToolsProtocol
 from ballast.types import BODY_WRITER, WRITE_TIMED_OUT, Receive, Scope, Send
+from tests.unit.server.listen import listen
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -36,11 +36,7 @@ async def served() -> AsyncIterator[Served]:
     config = Config(
         app, lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=600
     )
-    config.load()
-    state = ServerState()
-    server = await asyncio.get_running_loop().create_server(
-        lambda: protocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
-    )
+    server = await listen(protocol, config)
     try:
         yield clock, server.sockets[0].getsockname()[1]
     finally:
@@ -114,11 +110,7 @@ async def test_a_client_that_stops_reading_is_cut_after_the_write_timeout() -> N
     protocol = type("Protocol", (GuardedHttpToolsProtocol,), {})
     protocol.configure(60.0, 8192, clock, client_write_timeout=30.0)  # type: ignore[attr-defined]
     config = Config(endless, lifespan="off", log_level="warning", access_log=False)
-    config.load()
-    state = ServerState()
-    server = await asyncio.get_running_loop().create_server(
-        lambda: protocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
-    )
+    server = await listen(protocol, config)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
@@ -169,13 +161,7 @@ async def test_a_corked_answer_leaves_in_one_write_and_closes_after_it() -> None
         writes.append(len(counted))
 
     config = Config(corked, lifespan="off", log_level="warning", access_log=False)
-    config.load()
-    state = ServerState()
-    server = await asyncio.get_running_loop().create_server(
-        lambda: GuardedHttpToolsProtocol(config=config, server_state=state, app_state={}),
-        "127.0.0.1",
-        0,
-    )
+    server = await listen(GuardedHttpToolsProtocol, config)
     port = server.sockets[0].getsockname()[1]
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -211,11 +197,7 @@ async def test_a_client_that_leaves_is_told_to_the_app_by_its_connection() -> No
     protocol = type("Protocol", (GuardedHttpToolsProtocol,), {})
     protocol.configure(60.0, 8192, clock)  # type: ignore[attr-defined]
     config = Config(waits, lifespan="off", log_level="warning", access_log=False)
-    config.load()
-    state = ServerState()
-    server = await asyncio.get_running_loop().create_server(
-        lambda: protocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
-    )
+    server = await listen(protocol, config)
     try:
         port = server.sockets[0].getsockname()[1]
         _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -243,11 +225,7 @@ async def test_an_idle_kept_alive_connection_is_closed_on_the_clock_by_one_timer
     protocol.configure(60.0, 8192, clock)  # type: ignore[attr-defined]
     config = Config(app, lifespan="off", log_level="warning", access_log=False)
     config.timeout_keep_alive = 5
-    config.load()
-    state = ServerState()
-    server = await asyncio.get_running_loop().create_server(
-        lambda: protocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
-    )
+    server = await listen(protocol, config)
     reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
     try:
         for _ in range(20):

@@ -9,21 +9,17 @@ import asyncio
 import pytest
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.server import ServerState
 
 from ballast.resilience.clock import ManualClock
 from ballast.server.protocol import GuardedHttpToolsProtocol
 from ballast.types import BODY_WRITER, Handler, Receive, Scope, Send
+from tests.unit.server.listen import listen
 
 
 async def _raw_answer(protocol: type[HttpToolsProtocol], app: Handler, request: bytes) -> bytes:
     """The bytes a server of `protocol` answers `request` with, up to its close."""
     config = Config(app, lifespan="off", log_level="critical", access_log=False, date_header=False)
-    config.load()
-    state = ServerState()
-    server = await asyncio.get_running_loop().create_server(
-        lambda: protocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
-    )
+    server = await listen(protocol, config)
     try:
         port = server.sockets[0].getsockname()[1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
