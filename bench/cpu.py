@@ -28,6 +28,7 @@ import asyncio
 import importlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -202,6 +203,8 @@ def main() -> int:
         phases = uvloop.run(measure(args, config, key))
     finally:
         procs.stop_all()
+        os.chdir("/")
+        shutil.rmtree(workdir, ignore_errors=True)
     kind = "stream" if args.stream else "request"
     whole = [p[0] for p in phases]
     loop_thread = [p[1] for p in phases]

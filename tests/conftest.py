@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -10,8 +12,11 @@ from hypothesis.configuration import set_hypothesis_home_dir
 from ballast.sim.server import SimServer
 from tests.stack import Stack
 
-# Hypothesis would keep its example database in `.hypothesis/` of the working tree.
-set_hypothesis_home_dir(tempfile.mkdtemp(prefix="ballast-hypothesis-"))
+# Hypothesis would keep its example database in `.hypothesis/` of the working tree; this
+# one goes when the run ends.
+_HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="ballast-hypothesis-")
+set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, True)
 
 
 @pytest.fixture(autouse=True)

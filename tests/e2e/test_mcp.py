@@ -60,7 +60,7 @@ def beta(stack: Stack) -> Iterator[ToolServer]:
 def _state() -> dict[str, Any]:
     """A database file of the gateway's own (keys created and looked up from several tasks
     are not for one shared in-memory connection)."""
-    return sqlite_state(Path(tempfile.mkdtemp(prefix="ballast-mcp-")))
+    return sqlite_state(Path(tempfile.mkdtemp(prefix="mcp-", dir=Path.cwd())))
 
 
 def server(name: str, url: str, **extra: Any) -> dict[str, Any]:
