@@ -31,11 +31,11 @@ class Read:
 
 def forwarded(scope: Scope, names: tuple[bytes, ...]) -> tuple[tuple[str, str], ...]:
     """The request's headers of these names, as sent (a repeated one joined with commas)."""
-    found: dict[bytes, list[bytes]] = {}
-    for name, value in scope["headers"]:
-        if name in names:
-            found.setdefault(name, []).append(value)
-    return tuple(
-        (name.decode("latin-1"), b",".join(values).decode("latin-1"))
-        for name, values in found.items()
-    )
+    found = [(name, value) for name, value in scope["headers"] if name in names]
+    if not found:
+        return ()
+    joined: dict[str, str] = {}
+    for name, value in found:
+        key, text = name.decode("latin-1"), value.decode("latin-1")
+        joined[key] = text if key not in joined else f"{joined[key]},{text}"
+    return tuple(joined.items())

@@ -44,7 +44,7 @@ class AnthropicAdapter(NativeAdapter):
         self._own = {k: v for k, v in headers.items() if k not in configured}
         self._headers = header_lines(self._own)
         self._native = deployment.messages_mode == "native"
-        self._lines: dict[tuple[tuple[str, str], ...], bytes] = {}  # forwarded -> header lines
+        self._wires: dict[tuple[tuple[str, str], ...], NativeWire] = {}  # by forwarded headers
         # Deployment URLs are written as the API's root, with or without its /v1.
         self._target = "/messages" if deployment.url.endswith("/v1") else "/v1/messages"
 
@@ -56,15 +56,22 @@ class AnthropicAdapter(NativeAdapter):
             return Adapter.body(self, call, model)
         return super().body(call, model, prefill)
 
-    def _native_headers(self, call: OutboundCall) -> bytes:
+    def _native_wire(self, call: OutboundCall) -> NativeWire:
+        """The wire of a native Messages request: one per set of forwarded headers, since
+        clients send the same few values over and over."""
+        given = call.forwarded
+        wire = self._wires.get(given)
+        if wire is None:
+            if len(self._wires) >= 256:
+                self._wires.clear()
+            wire = self._wires[given] = NativeWire(self._target, self._native_headers(given))
+        return wire
+
+    def _native_headers(self, given: tuple[tuple[str, str], ...]) -> bytes:
         """The deployment's headers with the client's `anthropic-version` and
         `anthropic-beta` (the deployment's betas kept beside the client's)."""
-        given = call.forwarded
         if not given:
             return self._headers
-        known = self._lines.get(given)  # clients send the same few values over and over
-        if known is not None:
-            return known
         headers = dict(self._own)
         for name, value in given:
             if name in self._configured:
@@ -73,11 +80,7 @@ class AnthropicAdapter(NativeAdapter):
             if name == "anthropic-beta" and own is not None and own != value:
                 value = f"{value},{own}"
             headers[name] = value
-        lines = header_lines(headers)
-        if len(self._lines) >= 256:
-            self._lines.clear()
-        self._lines[given] = lines
-        return lines
+        return header_lines(headers)
 
     def translate(self, payload: dict[str, Any], model: str) -> dict[str, Any]:
         try:
@@ -102,7 +105,7 @@ class AnthropicAdapter(NativeAdapter):
         prefill: str | None = None,
     ) -> Wire:
         if call.path == "/messages":
-            return NativeWire(self._target, self._native_headers(call))
+            return self._native_wire(call)
         options = call.edits.get("stream_options") or call.payload.get("stream_options")
         usage_wanted = isinstance(options, dict) and bool(options.get("include_usage"))
         created = int(self.context.clock.time())
@@ -117,7 +120,7 @@ class AnthropicAdapter(NativeAdapter):
         request is: with the client's `anthropic-version` and `anthropic-beta`."""
         if not self._native:
             return None
-        return NativeWire(self._target + "/count_tokens", self._native_headers(call))
+        return NativeWire(self._target + "/count_tokens", self._native_headers(call.forwarded))
 
     def continues(self, call: OutboundCall, prefill: str) -> bool:
         """Messages goes on from a prefill, except with extended thinking on (it answers 400

@@ -42,17 +42,14 @@ def parse(data: bytes) -> Any:
 
 class StreamEvent:
     """One whole event: `raw` as the client gets it (with its blank-line terminator), its
-    `event:` name if it has one, its `data` (None for a comment or an event without data),
-    and `json`, the data parsed on first use."""
+    `data` (None for a comment or an event without data), `json`, the data parsed on first
+    use, and its `event:` name if it has one, read from `raw` when asked (few readers ask)."""
 
-    __slots__ = ("_json", "data", "name", "raw")
+    __slots__ = ("_json", "data", "raw")
 
-    def __init__(
-        self, raw: bytes, data: bytes | None, name: bytes | None = None, json: Any = _UNREAD
-    ) -> None:
+    def __init__(self, raw: bytes, data: bytes | None, json: Any = _UNREAD) -> None:
         self.raw = raw
         self.data = data
-        self.name = name
         self._json = json
 
     @classmethod
@@ -60,7 +57,15 @@ class StreamEvent:
         """An event Ballast makes, its payload known (never parsed back)."""
         data = orjson.dumps(payload)
         head = b"data: " if name is None else b"event: " + name + b"\ndata: "
-        return cls(head + data + b"\n\n", data, name, payload)
+        return cls(head + data + b"\n\n", data, payload)
+
+    @property
+    def name(self) -> bytes | None:
+        """The `event:` line's name, when the event opens with one."""
+        raw = self.raw
+        if not raw.startswith(b"event:"):
+            return None
+        return raw[6 : raw.find(b"\n")].strip()
 
     @property
     def json(self) -> Any:
@@ -86,11 +91,7 @@ def read(event: bytes) -> StreamEvent:
     `data: {...}` event is taken at once; anything else is read line by line."""
     if event.startswith(b"data:") and b"\n" not in event:
         return StreamEvent(event + b"\n\n", event[5:])  # JSON may keep its leading space
-    name = None
-    if event.startswith(b"event:"):
-        end = event.find(b"\n")
-        name = (event[6:] if end < 0 else event[6:end]).strip()
-    return StreamEvent(event + b"\n\n", event_data(event), name)
+    return StreamEvent(event + b"\n\n", event_data(event))
 
 
 def events_of(data: bytes) -> list[StreamEvent]:

@@ -236,13 +236,13 @@ class UpstreamStream:
             data = event[5:]  # JSON may keep its leading space
             if len(data) < 16 and data.strip() == b"[DONE]":
                 state.done = True
-                return StreamEvent(event + b"\n\n", data, None, NOT_JSON)
+                return StreamEvent(event + b"\n\n", data, NOT_JSON)
             try:
                 payload = orjson.loads(data)
             except orjson.JSONDecodeError:
                 pass  # several lines, or not JSON: read below
             else:
-                taken = StreamEvent(event + b"\n\n", data, None, payload)
+                taken = StreamEvent(event + b"\n\n", data, payload)
         elif event.startswith(b"event:"):
             end = event.find(b"\n")
             if end > 0 and event.startswith(b"data:", end + 1):
@@ -252,8 +252,7 @@ class UpstreamStream:
                 except orjson.JSONDecodeError:
                     pass
                 else:
-                    name = event[6:end].strip()
-                    taken = StreamEvent(event + b"\n\n", data, name, payload)
+                    taken = StreamEvent(event + b"\n\n", data, payload)
         if taken is None:
             taken = read(event)
             payload = taken.json

@@ -32,6 +32,10 @@ _TERMINAL = frozenset(("response.completed", "response.incomplete", "response.fa
 _STREAMED_BLOCKS = frozenset(("text", "thinking", "tool_use", "server_tool_use"))
 # Where a Messages delta carries its output: text, thinking, a tool's input as JSON.
 _MESSAGE_DELTA_TEXT = ("text", "thinking", "partial_json")
+# The other Messages events the state reads (`content_block_stop` and `ping` say nothing).
+_MESSAGE_EVENTS = frozenset(
+    ("message_start", "content_block_start", "message_delta", "message_stop")
+)
 
 
 @dataclass(slots=True)
@@ -103,7 +107,8 @@ class StreamState:
                     self.finished = True
                     self.finish_reason = reason if isinstance(reason, str) else None
         elif "type" in payload:
-            if payload["type"] == "content_block_delta":  # most of a Messages stream
+            kind = payload["type"]
+            if kind == "content_block_delta":  # most of a Messages stream
                 self.output = self.untracked = True
                 delta = payload.get("delta")
                 if isinstance(delta, dict):  # text, thinking, a tool's input: all billed
@@ -113,23 +118,20 @@ class StreamState:
                             self.kept += len(piece)
                             self.pieces += 1
                             break
-            else:
-                self._observe_typed(payload)  # it reads its own usage
+            elif type(kind) is str:  # each reads its own usage
+                if kind in _MESSAGE_EVENTS:
+                    self._observe_message(kind, payload)
+                else:
+                    self._observe_typed(kind, payload)
             return
         usage = payload.get("usage")
         if usage is not None and isinstance(usage, dict):
             self.usage = usage
 
-    def _observe_typed(self, payload: dict[str, Any]) -> None:
-        """An event of a Responses or Messages stream (one relayed as the upstream sent it):
-        for Responses, a delta is output, and a terminal event ends the answer with its
-        usage (no `[DONE]` follows)."""
-        kind = payload["type"]
-        if not isinstance(kind, str):
-            return
-        if kind.startswith(("message_", "content_block_")):
-            self._observe_message(kind, payload)
-        elif kind.endswith(".delta"):
+    def _observe_typed(self, kind: str, payload: dict[str, Any]) -> None:
+        """An event of a Responses stream (one relayed as the upstream sent it): a delta is
+        output, and a terminal event ends the answer with its usage (no `[DONE]` follows)."""
+        if kind.endswith(".delta"):
             self.output = True
             piece = payload.get("delta")
             if isinstance(piece, str):  # text, reasoning, a call's arguments: all billed

@@ -38,12 +38,13 @@ from ballast.providers import ADAPTERS
 
 # The fields read before the body is translated or forwarded.
 _DUPLICATES = DuplicateKeys(("model", "max_tokens", "stream", "fallbacks", "cache"))
-_OWN = ("fallbacks", "cache")  # Ballast's own fields: never sent upstream
+_OWN = frozenset(("fallbacks", "cache"))  # Ballast's own fields: never sent upstream
 # How a deployment serves Messages: natively, or bridged, carrying the extensions of the
 # chat form its provider carries (extensions.py).
 Way = str | frozenset[str]
 NATIVE = "native"
 _PLAIN: frozenset[Way] = frozenset((frozenset(),))  # no groups known: bridged, plain chat
+_NATIVE_ONLY: frozenset[Way] = frozenset((NATIVE,))
 
 
 def way(deployment: Deployment) -> Way:
@@ -88,9 +89,10 @@ def _form(ctx: RequestContext, chat: dict[str, Any], extended: bool) -> RequestC
 def keep_own(ctx: RequestContext) -> None:
     """Ballast's own fields of a native request stay here: they are not sent upstream."""
     payload = ctx.payload
-    for name in _OWN:
-        if name in payload:
-            ctx.edits[name] = None
+    if not _OWN.isdisjoint(payload):
+        for name in _OWN:
+            if name in payload:
+                ctx.edits[name] = None
 
 
 class MessagesShape(Shape):
@@ -134,7 +136,7 @@ class MessagesShape(Shape):
         chat forms its deployments take (extensions.py)."""
         payload = ctx.payload
         ways = _PLAIN if self._ways is None else self._ways.of(group, ctx.fallbacks)
-        carried = [w for w in ways if not isinstance(w, str)]
+        carried = () if ways == _NATIVE_ONLY else [w for w in ways if not isinstance(w, str)]
         if carried:
             dropped: list[str] = []
             kept: list[str] = []

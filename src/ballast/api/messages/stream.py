@@ -29,7 +29,7 @@ from ballast.api.messages.answer import (
 from ballast.api.messages.errors import event as error_event
 from ballast.api.messages.errors import relay_event
 from ballast.pipeline.errors import ApiError
-from ballast.stream.event import NOT_JSON, StreamEvent
+from ballast.stream.event import NOT_JSON, StreamEvent, raw
 
 # What ends a native stream the upstream finished (its `message_delta` sent) but left
 # without its `message_stop`: the exchange marks that end with a `[DONE]` of its own.
@@ -49,8 +49,12 @@ class NativeStream:
     def feed(self, events: list[StreamEvent]) -> bytes:
         if self.ended:
             return b""
-        # Anthropic's events are named; only the [DONE] that ends a finished stream is not.
-        return b"".join([_MESSAGE_STOP if e.name is None and e.done else e.raw for e in events])
+        # Anthropic's events are named; only the [DONE] that ends a finished stream is not,
+        # and it is the last event the stream gives.
+        last = events[-1] if events else None
+        if last is None or last.name is not None or not last.done:
+            return raw(events)
+        return raw(events[:-1]) + _MESSAGE_STOP
 
     def finish(self) -> bytes:
         return b""
