@@ -66,13 +66,24 @@ class NativeStream:
         return relay_event(error)
 
 
+def _anthropic(events: list[StreamEvent]) -> bool:
+    """Whether these are Anthropic's events: those are all named and chat's never are, so
+    the first with data says (a keep-alive comment may come before it)."""
+    for event in events:
+        if event.data is not None:
+            return event.raw.startswith(b"event:")
+    return False
+
+
 class State(enum.Enum):
     WAITING = "waiting"
     OPEN = "open"
     ENDED = "ended"
 
 
+_WAITING, _ENDED = State.WAITING, State.ENDED
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+_BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
 _TEXT = ("text", -1)
 # A text delta, the event nearly every chunk becomes: formatted, not built and encoded.
 _TEXT_DELTA = (
@@ -130,16 +141,17 @@ class MessagesStream:
         native = self._native
         if native is not None:
             return native.feed(events)
-        if self.state is State.ENDED:
+        state = self.state
+        if state is _ENDED:
             return b""
-        if self.state is State.WAITING and any(e.name is not None for e in events):
+        if state is _WAITING and _anthropic(events):
             self._native = native = NativeStream()
             self.state = State.OPEN
             return native.feed(events)
         out = self._out
         for event in events:
             self._event(event)
-            if self.ended:
+            if self.state is _ENDED:
                 break
         self._out = []
         return b"".join(out)
@@ -181,9 +193,9 @@ class MessagesStream:
                 else:
                     self._end()
             return  # the relay skips malformed chunks too
-        if not isinstance(chunk, dict):
+        if type(chunk) is not dict:
             return
-        if self.state is State.WAITING:
+        if self.state is _WAITING:
             self._start(chunk)
         usage = chunk.get("usage")
         if usage is not None and isinstance(usage, dict):
@@ -311,8 +323,7 @@ class MessagesStream:
 
     def _close(self) -> None:
         if self._block is not None:
-            payload = {"type": "content_block_stop", "index": self._blocks - 1}
-            self._out.append(sse(b"content_block_stop", payload))
+            self._out.append(_BLOCK_STOP % (self._blocks - 1))
             self._block = None
 
     def _end(self) -> None:
@@ -324,7 +335,7 @@ class MessagesStream:
         delta = {"stop_reason": reason, "stop_sequence": sequence}
         payload = {"type": "message_delta", "delta": delta, "usage": usage}
         self._out.append(sse(b"message_delta", payload))
-        self._out.append(sse(b"message_stop", {"type": "message_stop"}))
+        self._out.append(_MESSAGE_STOP)
         self.state = State.ENDED
 
     def _fail(self, error_type: str, message: str) -> None:

@@ -67,6 +67,9 @@ class _Item:
         return "".join(self.parts)
 
 
+_NEW, _OPEN, _ENDED = Phase.NEW, Phase.OPEN, Phase.ENDED
+
+
 class ResponseStream:
     """One request's translator. `start` opens the response, `feed` takes relayed chat
     events, `fail` ends it with the failure in Responses' shape (an `error` event, then
@@ -112,10 +115,13 @@ class ResponseStream:
     def feed(self, events: list[StreamEvent]) -> bytes:
         """Typed chat events (as the relay yields them) -> whole Responses events. Comments
         (keep-alives) pass as they are; the response opens with the first data."""
-        if self.phase is Phase.ENDED:
+        if self.phase is _ENDED:
             return b""
         for event in events:
             payload = event.json
+            if type(payload) is dict and self.phase is _OPEN:  # all but the first chunk
+                self._chunk(payload)
+                continue
             if payload is NOT_JSON:
                 if event.data is None:
                     if event.raw.startswith(b":"):
@@ -150,19 +156,23 @@ class ResponseStream:
     # -- the chat side ---------------------------------------------------------------
 
     def _chunk(self, payload: dict[str, Any]) -> None:
-        model = payload.get("model")
-        if isinstance(model, str) and model and not self.response["model"]:
-            self.response["model"] = model
-        if payload.get("usage") is not None:
-            self._usage = payload["usage"]
+        if not self.response["model"]:
+            model = payload.get("model")
+            if isinstance(model, str) and model:
+                self.response["model"] = model
+        usage = payload.get("usage")
+        if usage is not None:
+            self._usage = usage
         choices = payload.get("choices")
-        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+        if not choices or type(choices) is not list:
             return
         choice = choices[0]
+        if type(choice) is not dict:
+            return
         delta = choice.get("delta")
         if type(delta) is dict and len(delta) == 1 and "content" in delta:  # the usual chunk
             piece = delta["content"]
-            if isinstance(piece, str) and piece:
+            if type(piece) is str and piece:
                 self._say("message", piece)
         elif isinstance(delta, dict):
             for name in _REASONING:
