@@ -31,6 +31,9 @@ from ballast.upstream.sse import EventTooLarge, SseSplitter
 # relays what it takes at once, so this (with one socket read) is what a stream whose client
 # stopped reading holds on this side; a whole answer keeps the pool's larger mark.
 STREAM_HIGH_WATER = 32 * 1024
+# The length of a Messages delta's name line, `event: content_block_delta`: only an event
+# with such a line may be a delta the state reads without a parse.
+_DELTA_LINE = len(b"event: content_block_delta")
 
 
 class UpstreamStream:
@@ -247,6 +250,8 @@ class UpstreamStream:
             end = event.find(b"\n")
             if end > 0 and event.startswith(b"data:", end + 1):
                 data = event[end + 6 :]
+                if end == _DELTA_LINE and state.observe_plain_delta(data):
+                    return StreamEvent(event + b"\n\n", data)  # its data parsed if asked
                 try:
                     payload = orjson.loads(data)  # refuses a second data line: read below
                 except orjson.JSONDecodeError:

@@ -4,6 +4,7 @@ Responses and Messages semantics the transport does not know."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,12 @@ _TERMINAL = frozenset(("response.completed", "response.incomplete", "response.fa
 _STREAMED_BLOCKS = frozenset(("text", "thinking", "tool_use", "server_tool_use"))
 # Where a Messages delta carries its output: text, thinking, a tool's input as JSON.
 _MESSAGE_DELTA_TEXT = ("text", "thinking", "partial_json")
+# A Messages text or thinking delta in Anthropic's own layout whose piece is printable ASCII
+# with no escapes: its bytes are its characters, so it is read without a parse.
+_PLAIN_DELTA = re.compile(
+    rb' ?\{"type":"content_block_delta","index":\d+,"delta":\{"type":'
+    rb'"(?:text_delta","text|thinking_delta","thinking)":"([ !#-\[\]-~]*)"\}\}'
+)
 # The other Messages events the state reads (`content_block_stop` and `ping` say nothing).
 _MESSAGE_EVENTS = frozenset(
     ("message_start", "content_block_start", "message_delta", "message_stop")
@@ -127,6 +134,19 @@ class StreamState:
         usage = payload.get("usage")
         if usage is not None and isinstance(usage, dict):
             self.usage = usage
+
+    def observe_plain_delta(self, data: bytes) -> bool:
+        """A Messages text or thinking delta read off its bytes, where they say all that
+        `observe` would read of it (the characters of its piece); False when its data must
+        be parsed. Most events of a Messages stream are such deltas."""
+        match = _PLAIN_DELTA.fullmatch(data)
+        if match is None:
+            return False
+        start, end = match.span(1)
+        self.output = self.untracked = True
+        self.kept += end - start
+        self.pieces += 1
+        return True
 
     def _observe_typed(self, kind: str, payload: dict[str, Any]) -> None:
         """An event of a Responses stream (one relayed as the upstream sent it): a delta is

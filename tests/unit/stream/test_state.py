@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ballast.stream.state import StreamState
 
 
@@ -77,3 +81,45 @@ def test_a_messages_streams_deltas_count_as_relayed_output() -> None:
     ):
         state.observe({"type": "content_block_delta", "index": 0, "delta": delta})
     assert state.relayed_tokens == 6 and not state.finished
+
+
+def _delta_bytes(kind: str, piece: str, index: int, space: str) -> bytes:
+    field = "text" if kind == "text_delta" else "thinking"
+    delta = {"type": "content_block_delta", "index": index, "delta": {"type": kind, field: piece}}
+    return space.encode() + orjson.dumps(delta)
+
+
+@settings(max_examples=300)
+@given(
+    st.sampled_from(["text_delta", "thinking_delta"]),
+    st.text(max_size=30),
+    st.integers(min_value=0, max_value=10_000),
+    st.sampled_from(["", " "]),
+)
+def test_a_messages_delta_read_off_its_bytes_says_what_its_parse_says(
+    kind: str, piece: str, index: int, space: str
+) -> None:
+    data = _delta_bytes(kind, piece, index, space)
+    read_off, parsed = StreamState(), StreamState()
+    parsed.observe(orjson.loads(data))
+    if read_off.observe_plain_delta(data):
+        assert piece.isascii() and piece.isprintable() and '"' not in piece
+    else:
+        read_off.observe(orjson.loads(data))  # escapes, other characters: parsed instead
+    for state in (read_off, parsed):
+        assert state.output and state.untracked
+    assert (read_off.kept, read_off.pieces) == (parsed.kept, parsed.pieces) == (len(piece), 1)
+
+
+def test_only_a_delta_in_anthropics_layout_is_read_off_its_bytes() -> None:
+    state = StreamState()
+    for data in (
+        b'{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta",'
+        b'"partial_json":"{}"}}',  # a tool's input: parsed
+        b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a\\nb"}}',
+        b'{"index":0,"type":"content_block_delta","delta":{"type":"text_delta","text":"a"}}',
+        b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}} ',
+        b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"',
+    ):
+        assert not state.observe_plain_delta(data)
+    assert (state.kept, state.pieces, state.output) == (0, 0, False)
