@@ -83,6 +83,10 @@ class State(enum.Enum):
 
 _WAITING, _ENDED = State.WAITING, State.ENDED
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+_TEXT_START = (
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":%d,'
+    b'"content_block":{"type":"text","text":""}}\n\n'
+)
 _BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
 _TEXT = ("text", -1)
 # A text delta, the event nearly every chunk becomes: formatted, not built and encoded.
@@ -198,15 +202,15 @@ class MessagesStream:
         if self.state is _WAITING:
             self._start(chunk)
         usage = chunk.get("usage")
-        if usage is not None and isinstance(usage, dict):
+        if usage is not None and type(usage) is dict:
             self._usage = usage
         choices = chunk.get("choices")
-        if choices and isinstance(choices, list):
+        if choices and type(choices) is list:
             choice = choices[0]
-            if isinstance(choice, dict):
+            if type(choice) is dict:
                 delta = choice.get("delta")
                 # The common chunk: one piece of text, nothing else (written for speed).
-                if type(delta) is dict and len(delta) == 1 and self._block == _TEXT:
+                if type(delta) is dict and len(delta) == 1 and self._block is _TEXT:
                     piece = delta.get("content")
                     if type(piece) is str and not choice.get("finish_reason"):
                         if piece:
@@ -304,12 +308,13 @@ class MessagesStream:
 
     def _delta(self, kind: str, tool: int, delta: dict[str, Any]) -> None:
         if self._block != (kind, tool):
-            empty: dict[str, Any] = (
-                {"type": "text", "text": ""}
-                if kind == "text"
-                else {"type": "thinking", "thinking": "", "signature": ""}
-            )
-            self._open(kind, tool, empty)
+            if kind == "text":
+                self._close()
+                self._out.append(_TEXT_START % self._blocks)
+                self._block = _TEXT  # the very tuple the common chunk is told by
+                self._blocks += 1
+            else:
+                self._open(kind, tool, {"type": "thinking", "thinking": "", "signature": ""})
         index = self._blocks - 1
         payload = {"type": "content_block_delta", "index": index, "delta": delta}
         self._out.append(sse(b"content_block_delta", payload))
