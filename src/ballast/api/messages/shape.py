@@ -88,11 +88,8 @@ def _form(ctx: RequestContext, chat: dict[str, Any], extended: bool) -> RequestC
 
 def keep_own(ctx: RequestContext) -> None:
     """Ballast's own fields of a native request stay here: they are not sent upstream."""
-    payload = ctx.payload
-    if not _OWN.isdisjoint(payload):
-        for name in _OWN:
-            if name in payload:
-                ctx.edits[name] = None
+    for name in _OWN.intersection(ctx.payload):
+        ctx.edits[name] = None
 
 
 class MessagesShape(Shape):

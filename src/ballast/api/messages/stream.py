@@ -71,7 +71,7 @@ def _anthropic(events: list[StreamEvent]) -> bool:
     the first with data says (a keep-alive comment may come before it)."""
     for event in events:
         if event.data is not None:
-            return event.raw.startswith(b"event:")
+            return event.name is not None
     return False
 
 
@@ -308,11 +308,8 @@ class MessagesStream:
 
     def _delta(self, kind: str, tool: int, delta: dict[str, Any]) -> None:
         if self._block != (kind, tool):
-            if kind == "text":
-                self._close()
-                self._out.append(_TEXT_START % self._blocks)
-                self._block = _TEXT  # the very tuple the common chunk is told by
-                self._blocks += 1
+            if kind == "text":  # the very tuple the common chunk is told by
+                self._begin(_TEXT, _TEXT_START % self._blocks)
             else:
                 self._open(kind, tool, {"type": "thinking", "thinking": "", "signature": ""})
         index = self._blocks - 1
@@ -320,10 +317,14 @@ class MessagesStream:
         self._out.append(sse(b"content_block_delta", payload))
 
     def _open(self, kind: str, tool: int, block: dict[str, Any]) -> None:
-        self._close()
         payload = {"type": "content_block_start", "index": self._blocks, "content_block": block}
-        self._out.append(sse(b"content_block_start", payload))
-        self._block = (kind, tool)
+        self._begin((kind, tool), sse(b"content_block_start", payload))
+
+    def _begin(self, block: tuple[str, int], start: bytes) -> None:
+        """The open block closed, and a new one started with its `start` event."""
+        self._close()
+        self._out.append(start)
+        self._block = block
         self._blocks += 1
 
     def _close(self) -> None:
