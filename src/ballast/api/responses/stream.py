@@ -97,6 +97,17 @@ class ResponseStream:
         self._sequence += 1
         self._out.append(b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(body) + b"\n\n")
 
+    def _emit_opening(self) -> None:
+        """`response.created` and `response.in_progress`: the same response in both, encoded
+        once (the bytes `_emit` writes for each)."""
+        encoded = orjson.dumps(self.response)
+        for kind in (b"response.created", b"response.in_progress"):
+            self._out.append(
+                b'event: %b\ndata: {"response":%b,"type":"%b","sequence_number":%d}\n\n'
+                % (kind, encoded, kind, self._sequence)
+            )
+            self._sequence += 1
+
     def _take(self) -> bytes:
         out, self._out = b"".join(self._out), []
         return out
@@ -109,8 +120,7 @@ class ResponseStream:
     def _open_response(self) -> None:
         if self.phase is Phase.NEW:
             self.phase = Phase.OPEN
-            self._emit("response.created", {"response": self.response})
-            self._emit("response.in_progress", {"response": self.response})
+            self._emit_opening()
 
     def feed(self, events: list[StreamEvent]) -> bytes:
         """Typed chat events (as the relay yields them) -> whole Responses events. Comments
@@ -278,9 +288,13 @@ class ResponseStream:
     def _close_all(self, status: str) -> None:
         open_items = [self._text] if self._text is not None else []
         open_items.extend(self._calls.values())
-        for item in sorted(open_items, key=lambda i: i.index):
+        if len(open_items) > 1:
+            open_items.sort(key=lambda i: i.index)
+        for item in open_items:
             self._close(item, status)
-        self.response["output"].sort(key=lambda it: self._order(it["id"]))
+        output = self.response["output"]
+        if len(output) > 1:
+            output.sort(key=lambda it: self._order(it["id"]))
         self._text = None
         self._calls = {}
 
