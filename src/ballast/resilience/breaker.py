@@ -34,7 +34,7 @@ class BreakerConfig:
     failure_threshold: int = 5
     failure_rate: float | None = 0.5
     window: float = 30.0
-    min_calls: int = 20
+    min_calls: int = 50  # fewer make the failure rate noise (config/breaker.py)
     open_time: float = 5.0
     open_multiplier: float = 2.0
     max_open_time: float = 300.0

@@ -113,6 +113,32 @@ def test_failure_rate_over_window_opens() -> None:
     assert breaker.state is OPEN
 
 
+def test_default_rate_rule_does_not_open_on_a_partly_failing_deployment() -> None:
+    """A deployment that fails 30 % of calls at random serves 70 %: the default rate rule
+    must not open on the noise of its first calls (with `min_calls` 20 it did in about one
+    run of 30, and a group of two such deployments then failed every request)."""
+    import random
+
+    from ballast.config.breaker import BreakerSettings, breaker_config
+
+    rng = random.Random(7)
+    opened = 0
+    for _ in range(400):
+        clock = ManualClock()
+        breaker = CircuitBreaker("dep", breaker_config(BreakerSettings()), clock)
+        for _ in range(150):
+            permit = breaker.acquire()
+            assert permit is not None
+            if rng.random() < 0.3:
+                breaker.record_failure(permit)
+            else:
+                breaker.record_success(permit)
+            if breaker.state is not CLOSED:
+                opened += 1
+                break
+    assert opened <= 4  # 3 of these 400 at the default; `min_calls` 20 opened 10
+
+
 def test_failure_rate_forgets_old_calls() -> None:
     breaker, clock, _ = make(failure_threshold=100, failure_rate=0.5, window=30.0, min_calls=20)
     fail(breaker, 19)
