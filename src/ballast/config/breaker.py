@@ -41,10 +41,10 @@ class BreakerSettings(Section):
 
     failure_threshold: FailureThreshold = 10
     failure_rate: FailureRate = 0.5
-    # Fewer calls make the rate noise: a deployment that fails 30 % at random opened the
-    # breaker within its first 150 calls about once in 30 at 20, once in 150 at 50.
     min_calls: int = Field(
-        50, ge=1, description="calls in the window before the failure rate counts"
+        BreakerConfig.min_calls,
+        ge=1,
+        description="calls in the window before the failure rate counts",
     )
     window: float = Field(30.0, gt=0, description="seconds the failure rate is measured over")
     open_time: OpenTime = 5.0

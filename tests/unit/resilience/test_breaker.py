@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from ballast.config.breaker import BreakerSettings, breaker_config
 from ballast.resilience.breaker import (
     BreakerConfig,
     BreakerOpenError,
@@ -117,10 +119,6 @@ def test_default_rate_rule_does_not_open_on_a_partly_failing_deployment() -> Non
     """A deployment that fails 30 % of calls at random serves 70 %: the default rate rule
     must not open on the noise of its first calls (with `min_calls` 20 it did in about one
     run of 30, and a group of two such deployments then failed every request)."""
-    import random
-
-    from ballast.config.breaker import BreakerSettings, breaker_config
-
     rng = random.Random(7)
     opened = 0
     for _ in range(400):

@@ -97,11 +97,11 @@ class ResponseStream:
         self._sequence += 1
         self._out.append(b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(body) + b"\n\n")
 
-    def _emit_opening(self) -> None:
-        """`response.created` and `response.in_progress`: the same response in both, encoded
-        once (the bytes `_emit` writes for each)."""
+    def _emit_response(self, *kinds: bytes) -> None:
+        """Events that carry the whole response (its opening two, its end): the response
+        encoded once for them all, each written as `_emit` writes it."""
         encoded = orjson.dumps(self.response)
-        for kind in (b"response.created", b"response.in_progress"):
+        for kind in kinds:
             self._out.append(
                 b'event: %b\ndata: {"response":%b,"type":"%b","sequence_number":%d}\n\n'
                 % (kind, encoded, kind, self._sequence)
@@ -120,7 +120,7 @@ class ResponseStream:
     def _open_response(self) -> None:
         if self.phase is Phase.NEW:
             self.phase = Phase.OPEN
-            self._emit_opening()
+            self._emit_response(b"response.created", b"response.in_progress")
 
     def feed(self, events: list[StreamEvent]) -> bytes:
         """Typed chat events (as the relay yields them) -> whole Responses events. Comments
@@ -307,8 +307,7 @@ class ResponseStream:
         answer.finish(self.response, self._finish, self._usage)
         self.phase = Phase.ENDED
         done = self.response["status"] == "completed"
-        kind = "response.completed" if done else "response.incomplete"
-        self._emit(kind, {"response": self.response})
+        self._emit_response(b"response.completed" if done else b"response.incomplete")
 
     def _fail_with(self, error: Any) -> None:
         if self.phase is Phase.ENDED:
@@ -329,4 +328,4 @@ class ResponseStream:
         kind = "rate_limit_exceeded" if code == "rate_limit_exceeded" else "server_error"
         self.response["error"] = {"code": kind, "message": message}
         self.response["usage"] = answer.usage_of(self._usage)
-        self._emit("response.failed", {"response": self.response})
+        self._emit_response(b"response.failed")
