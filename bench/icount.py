@@ -5,6 +5,7 @@ with --keys to within about 2 %, because the spend flush runs on a wall-clock ti
 
     .venv/bin/python bench/icount.py                    # non-streaming, this tree's src/
     .venv/bin/python bench/icount.py --stream
+    .venv/bin/python bench/icount.py --stream --shape responses   # a shape against chat's
     .venv/bin/python bench/icount.py --keys --src ../old/src
 
 It runs `cpu.py` (Ballast's ASGI app called in-process against the nginx upstream) under
@@ -35,6 +36,13 @@ COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stream", action="store_true", help="streamed chat completions")
+    parser.add_argument(
+        "--shape",
+        default="chat",
+        choices=("chat", "messages", "messages-native", "responses"),
+        help="the API asked, as cpu.py's --shape (a shape's count beside chat's is the"
+        " steady figure for what its translation costs)",
+    )
     parser.add_argument("--keys", action="store_true", help="keys, limits, budget and spend")
     parser.add_argument("--redis", metavar="URL", help="with --keys: limits and spend in Redis")
     parser.add_argument("--src", type=Path, help="Ballast's src/ (default: this tree's)")
@@ -51,6 +59,8 @@ def command(args: argparse.Namespace, requests: int) -> list[str]:
     cmd += [sys.executable, str(BENCH / "cpu.py"), "--phases", "1", "--requests", str(requests)]
     if args.stream:
         cmd.append("--stream")
+    if args.shape != "chat":
+        cmd += ["--shape", args.shape]
     if args.keys:
         cmd.append("--keys")
     if args.redis:
@@ -84,6 +94,8 @@ def main() -> int:
     per_request = (totals[1] - totals[0]) / (args.large - args.small)
     kind = "stream" if args.stream else "request"
     variant = "open" if not args.keys else "keys, Redis" if args.redis else "keys, SQLite"
+    if args.shape != "chat":
+        variant += f", {args.shape}"
     src = args.src or BENCH.parent / "src"
     print(f"instructions per {kind}: {per_request:,.0f} ({variant}, src {src})")
     return 0
