@@ -29,6 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cpu import SHAPES
+
 BENCH = Path(__file__).resolve().parent
 COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
@@ -39,7 +41,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--shape",
         default="chat",
-        choices=("chat", "messages", "messages-native", "responses"),
+        choices=sorted(SHAPES),
         help="the API asked, as cpu.py's --shape (a shape's count beside chat's is the"
         " steady figure for what its translation costs)",
     )
